@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# English ASR recipe on the shipped real speech (speechocean762, kathleen, ljspeech, fsdd): a conformer CTC/attention
+# model trained with torchrun, decoded on one test set per corpus, scored with WER and CER.
+#
+#   bash run.sh                                # everything, stages -1..5
+#   bash run.sh --stage 4 --stop_stage 4       # only training
+#   bash run.sh --corpus_dir /data/my_corpora --corpora "fsdd" --dir exp/fsdd
+#   bash run.sh --nproc_per_node 8 --train_config conf/train_conformer_gpu.yaml
+#   bash run.sh --num_nodes 2 --HOST_NODE_ADDR node0:29400   # run the same command on every node
+#
+# Stages: -1 corpus check, 0 data dirs, 1 global CMVN, 2 dictionary (char or BPE), 3 data.list,
+#         4 training, 5 averaging + decoding + scoring (RESULTS.md in the model dir).
+# Every variable below can be set as --name value.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+. ./path.sh
+
+stage=-1
+stop_stage=5
+corpus_dir=../../../corpora          # <corpus>/data/{train,dev,test}/{wav.scp,text}
+corpora="speechocean762 kathleen ljspeech fsdd"
+data=data
+dir=exp/conformer
+tensorboard_dir=tensorboard
+train_config=conf/train_conformer.yaml
+overrides=                           # extra training overrides, ';'-separated: "train_conf.max_epoch 3;optim_conf.lr 0.001"
+token_type=char                      # char | bpe
+nbpe=300
+bpe_mode=unigram                     # unigram | bpe
+nproc_per_node=                      # default: number of GPUs, else 2 CPU processes (gloo)
+num_nodes=1
+HOST_NODE_ADDR=localhost:29400       # rendezvous host:port of node 0 when num_nodes > 1
+train_engine=torch_ddp
+checkpoint=                          # resume from this epoch_N.pt
+average_num=3                        # 0: decode the last epoch as is
+decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
+beam_size=10
+decode_batch_size=32
+decode_threads=0                     # 0: torch's default
+cmvn_workers=2
+
+. tools/parse_options.sh
+
+die() { echo "$0: $*" >&2; exit 1; }
+[[ $stage =~ ^-?[0-9]+$ && $stop_stage =~ ^-?[0-9]+$ ]] || die "--stage and --stop_stage must be integers in -1..5"
+(( stage >= -1 && stop_stage <= 5 && stage <= stop_stage )) ||
+  die "bad stage range $stage..$stop_stage: stages are -1..5 and --stage must not exceed --stop_stage"
+case $token_type in char|bpe) ;; *) die "--token_type must be char or bpe, got '$token_type'";; esac
+[ -f "$train_config" ] || die "--train_config $train_config does not exist"
+if [ -z "$nproc_per_node" ]; then
+  nproc_per_node=$(python -c "import torch; print(torch.cuda.device_count())")
+  [ "$nproc_per_node" -gt 0 ] || nproc_per_node=2
+fi
+dict=$data/dict/units.txt
+bpemodel=$data/dict/bpe
+test_sets=""
+for c in $corpora; do test_sets="$test_sets test_$c"; done
+SECONDS=0
+
+if (( stage <= -1 && stop_stage >= -1 )); then
+  echo "stage -1: corpora in $corpus_dir: $corpora"
+  [ -d "$corpus_dir" ] || die "--corpus_dir $corpus_dir does not exist; point it at a folder holding <corpus>/data/{train,dev,test}"
+  for c in $corpora; do
+    for s in train dev test; do
+      [ -f "$corpus_dir/$c/data/$s/wav.scp" ] || die "$corpus_dir/$c/data/$s/wav.scp is missing (corpus '$c')"
+    done
+  done
+fi
+
+if (( stage <= 0 && stop_stage >= 0 )); then
+  echo "stage 0: Kaldi data dirs in $data"
+  local/prepare_data.sh "$corpus_dir" "$data" $corpora
+fi
+
+if (( stage <= 1 && stop_stage >= 1 )); then
+  echo "stage 1: global CMVN from train fbank"
+  python tools/compute_cmvn_stats.py --num_workers "$cmvn_workers" --train_config "$train_config" \
+    --in_scp "$data/train/wav.scp" --out_cmvn "$data/train/global_cmvn"
+fi
+
+if (( stage <= 2 && stop_stage >= 2 )); then
+  echo "stage 2: $token_type dictionary $dict"
+  mkdir -p "$data/dict"
+  if [ "$token_type" = char ]; then
+    python tools/make_dict.py "$data/train/text" "$dict"
+  else
+    python tools/spm_train.py --vocab_size "$nbpe" --model_type "$bpe_mode" "$data/train/text" "$bpemodel"
+    cp "$bpemodel.units.txt" "$dict"
+  fi
+fi
+
+if (( stage <= 3 && stop_stage >= 3 )); then
+  echo "stage 3: data.list"
+  for x in train dev $test_sets; do
+    python tools/make_raw_list.py "$data/$x/wav.scp" "$data/$x/text" "$data/$x/data.list"
+  done
+fi
+
+train_overrides=(--override_config "tokenizer $token_type"
+                 --override_config "cmvn_conf.cmvn_file $data/train/global_cmvn")
+if [ "$token_type" = bpe ]; then
+  train_overrides+=(--override_config "tokenizer_conf {symbol_table_path: $dict, bpe_model: $bpemodel.model}")
+else
+  train_overrides+=(--override_config "tokenizer_conf {symbol_table_path: $dict}")
+fi
+IFS=';' read -ra extra <<< "$overrides"
+for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_config "$o"); done
+
+if (( stage <= 4 && stop_stage >= 4 )); then
+  echo "stage 4: training with $train_engine, $num_nodes node(s) x $nproc_per_node process(es)"
+  mkdir -p "$dir"
+  if [ "$num_nodes" -gt 1 ]; then
+    launcher=(torchrun --nnodes="$num_nodes" --nproc_per_node="$nproc_per_node" --rdzv_backend=c10d
+              --rdzv_endpoint="$HOST_NODE_ADDR" --rdzv_id=toolkit-english)
+  else
+    launcher=(torchrun --standalone --nnodes=1 --nproc_per_node="$nproc_per_node")
+  fi
+  "${launcher[@]}" -m toolkit.bin.train --config "$train_config" "${train_overrides[@]}" \
+    --train_data "$data/train/data.list" --cv_data "$data/dev/data.list" \
+    --model_dir "$dir" --tensorboard_dir "$tensorboard_dir" --train_engine "$train_engine" \
+    ${checkpoint:+--checkpoint "$checkpoint"}
+fi
+
+if (( stage <= 5 && stop_stage >= 5 )); then
+  if [ "$average_num" -gt 0 ]; then
+    decode_checkpoint=$dir/avg_${average_num}.pt
+    echo "stage 5: averaging the $average_num best epochs into $decode_checkpoint"
+    python -m toolkit.bin.average_model --src_path "$dir" --num "$average_num" --val_best \
+      --dst_model "$decode_checkpoint"
+  else
+    decode_checkpoint=$(ls "$dir"/epoch_*.pt | sort -t_ -k2 -n | tail -1)
+  fi
+  echo "stage 5: decoding $test_sets with $decode_modes"
+  for x in $test_sets; do
+    python -m toolkit.bin.recognize --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
+      --test_data "$data/$x/data.list" --result_dir "$dir/$x" --modes $decode_modes \
+      --beam_size "$beam_size" --batch_size "$decode_batch_size" --num_threads "$decode_threads"
+    for m in $decode_modes; do
+      python tools/compute_wer.py "$data/$x/text" "$dir/$x/$m/text" > "$dir/$x/$m/wer"
+      python tools/compute_wer.py --cer "$data/$x/text" "$dir/$x/$m/text" > "$dir/$x/$m/cer"
+    done
+  done
+  python tools/results_table.py --data "$data" --dir "$dir" --test_sets $test_sets --modes $decode_modes \
+    --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine)" \
+    > "$dir/RESULTS.md"
+  cat "$dir/RESULTS.md"
+fi
+echo "$0: stages $stage..$stop_stage done in $((SECONDS / 60)) min $((SECONDS % 60)) s"

@@ -1,0 +1,60 @@
+"""Real batches for engine tests: 80-bin fbank of the tiny_fsdd recordings and their transcripts as characters.
+
+The model is a deliberately small CTC model (two linear layers) so that engine tests run in seconds; the engine
+never sees anything but ``model(feats, feats_lengths, target, target_lengths) -> {"loss": ...}``.
+"""
+
+import os
+
+import kaldi_native_fbank as knf
+import numpy as np
+import soundfile as sf
+import torch
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CORPUS = os.path.join(REPO, "corpora", "tiny_fsdd")
+UNITS = ["<blank>", "<unk>"] + list("EFGHINORSTUVWXZ") + ["<sos/eos>"]
+
+
+def fbank(path: str) -> torch.Tensor:
+    audio, rate = sf.read(path, dtype="float32")
+    opts = knf.FbankOptions()
+    opts.frame_opts.dither = 0.0
+    opts.mel_opts.num_bins = 80
+    computer = knf.OnlineFbank(opts)
+    computer.accept_waveform(rate, (audio * 32768).tolist())
+    computer.input_finished()
+    return torch.from_numpy(np.stack([computer.get_frame(i) for i in range(computer.num_frames_ready)]))
+
+
+def utterances(split: str = "train") -> list[tuple[str, torch.Tensor, list[int]]]:
+    """(key, feats (T, 80), token ids) for every utterance of tiny_fsdd's ``split``, sorted by key."""
+    data = os.path.join(CORPUS, "data", split)
+    with open(os.path.join(data, "wav.scp")) as f:
+        wavs = dict(line.split() for line in f)
+    with open(os.path.join(data, "text")) as f:
+        texts = dict(line.strip().split(maxsplit=1) for line in f)
+    return [(key, fbank(os.path.join(CORPUS, wavs[key])), [UNITS.index(c) for c in texts[key]])
+            for key in sorted(wavs)]
+
+
+def make_batch(utts) -> dict:
+    feats = torch.nn.utils.rnn.pad_sequence([u[1] for u in utts], batch_first=True)
+    target = torch.nn.utils.rnn.pad_sequence([torch.tensor(u[2]) for u in utts], batch_first=True, padding_value=-1)
+    return {"keys": [u[0] for u in utts], "feats": feats,
+            "feats_lengths": torch.tensor([len(u[1]) for u in utts]), "target": target,
+            "target_lengths": torch.tensor([len(u[2]) for u in utts]), "num_skipped": {}}
+
+
+class TinyCTC(torch.nn.Module):
+    def __init__(self, dim: int = 80, hidden: int = 64):
+        super().__init__()
+        self.hidden = torch.nn.Linear(dim, hidden)
+        self.out = torch.nn.Linear(hidden, len(UNITS))
+
+    def forward(self, feats, feats_lengths, target, target_lengths):
+        log_probs = self.out(torch.relu(self.hidden(feats / 10))).log_softmax(-1)  # (B, T, V)
+        loss = F.ctc_loss(log_probs.transpose(0, 1), target.clamp(min=0), feats_lengths, target_lengths,
+                          reduction="sum", zero_infinity=True) / feats.size(0)
+        return {"loss": loss}

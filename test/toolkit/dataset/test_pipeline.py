@@ -1,0 +1,159 @@
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from toolkit.dataset.pipeline import build_dataloader, build_dataset, resolve_dataset_conf
+from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
+
+ROOT = Path(__file__).resolve().parents[3]
+FSDD = ROOT / "corpora/tiny_fsdd"
+LJ = ROOT / "corpora/tiny_lj"
+
+
+def kaldi_entries(corpus, split):
+    def read(name):
+        with open(corpus / "data" / split / name, encoding="utf-8") as f:
+            return dict(line.rstrip("\n").split(" ", 1) for line in f)
+    wavs, texts = read("wav.scp"), read("text")
+    return [{"key": k, "wav": str(corpus / w), "txt": texts[k]} for k, w in wavs.items()]
+
+
+def write_list(path, entries):
+    path.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dict") / "units.txt"
+    write_symbol_table(sorted(set("ABCDEFGHIJKLMNOPRSTUVWXY'") | {"▁"}), str(path))  # no Q, no Z
+    return CharTokenizer(str(path))
+
+
+def collect(loader):
+    keys, skipped = [], Counter()
+    for batch in loader:
+        keys += batch["keys"]
+        skipped.update(batch["num_skipped"])
+    return keys, skipped
+
+
+def test_partition_two_ranks_two_workers_each_key_once(tmp_path, tokenizer):
+    entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]][:15]  # odd count
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"batch_conf": {"batch_size": 3}, "shuffle_conf": {"shuffle_size": 4}, "sort_conf": {"sort_size": 4},
+            "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
+    datasets = [build_dataset(data_list, tokenizer, conf, rank=r, world_size=2) for r in range(2)]
+    orders = []
+    for epoch in range(2):
+        per_rank = []
+        for dataset in datasets:
+            dataset.set_epoch(epoch)
+            keys, skipped = collect(build_dataloader(dataset, conf))
+            assert not skipped
+            per_rank.append(keys)
+        all_keys = per_rank[0] + per_rank[1]
+        assert sorted(all_keys) == sorted(e["key"] for e in entries)
+        assert {len(k) for k in per_rank} == {7, 8}  # 15 lines over 4 global workers: 4+4 and 4+3
+        orders.append(per_rank)
+    assert orders[0] != orders[1]
+    assert set(orders[0][0]) != set(orders[1][0])  # the epoch permutation moves lines across ranks
+
+
+def test_persistent_workers_still_reshuffle(tmp_path, tokenizer):
+    entries = [e for e in kaldi_entries(FSDD, "dev") if "Z" not in e["txt"]]
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"sort": False, "batch_conf": {"batch_size": 4},
+            "dataloader_conf": {"num_workers": 1, "persistent_workers": True, "prefetch_factor": 2}}
+    dataset = build_dataset(data_list, tokenizer, conf)
+    loader = build_dataloader(dataset, conf)
+    first, second = collect(loader)[0], collect(loader)[0]
+    assert sorted(first) == sorted(second) == sorted(e["key"] for e in entries)
+    assert first != second
+
+
+def test_cv_mode_is_deterministic_without_augmentation(tmp_path, tokenizer):
+    entries = kaldi_entries(LJ, "dev")
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"sort": False, "dataloader_conf": {"num_workers": 0}}
+    dataset = build_dataset(data_list, tokenizer, conf, mode="cv")
+    dataset.set_epoch(0)
+    (first,) = list(build_dataloader(dataset, conf))
+    dataset.set_epoch(1)
+    (second,) = list(build_dataloader(dataset, conf))
+    assert first["keys"] == second["keys"] == [e["key"] for e in entries]
+    assert torch.equal(first["feats"], second["feats"])  # no dither, no SpecAugment
+    assert not (first["feats"][0, :first["feats_lengths"][0]] == 0).any()
+    assert first["feats"].dtype == torch.float32 and first["feats"].shape[2] == 80
+    assert first["target_lengths"].tolist() == [len(e["txt"]) for e in entries]
+
+
+def test_every_bad_input_is_skipped_named_and_counted(tmp_path, tokenizer, caplog):
+    good = [e for e in kaldi_entries(FSDD, "test") if "Z" not in e["txt"]][:3]
+    lj_long = kaldi_entries(LJ, "train")[0]  # 9.7 s, over max_length below
+    speech, rate = sf.read(FSDD / "wav/george-0-00.wav", dtype="float32")
+    sf.write(tmp_path / "short.wav", speech[1000:1800], rate)  # 5 frames of real speech
+    sf.write(tmp_path / "empty.wav", np.zeros(0, dtype=np.float32), rate)
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk" * 8)
+    bad = [
+        ({"key": "bad-missing", "wav": str(tmp_path / "nope.wav"), "txt": "ONE"}, "missing_audio"),
+        ({"key": "bad-corrupt", "wav": str(tmp_path / "corrupt.wav"), "txt": "ONE"}, "unreadable_audio"),
+        ({"key": "bad-empty-audio", "wav": str(tmp_path / "empty.wav"), "txt": "ONE"}, "empty_audio"),
+        ({"key": "bad-empty-text", "wav": good[0]["wav"], "txt": " "}, "empty_text"),
+        ({"key": "bad-unk", "wav": good[0]["wav"], "txt": "ZERO"}, "unknown_token"),
+        ({"key": "bad-short", "wav": str(tmp_path / "short.wav"), "txt": "ONE"}, "too_short"),
+        (dict(lj_long, key="bad-long"), "too_long"),
+    ]
+    entries = [e for pair in zip(good, [b for b, _ in bad[:3]]) for e in pair] + [b for b, _ in bad[3:]]
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"filter_conf": {"max_length": 500}, "batch_conf": {"batch_size": 2},
+            "dataloader_conf": {"num_workers": 0}}
+    with caplog.at_level(logging.WARNING):
+        batches = list(build_dataloader(build_dataset(data_list, tokenizer, conf), conf))
+    keys = [k for b in batches for k in b["keys"]]
+    assert sorted(keys) == sorted(e["key"] for e in good)
+    total = Counter()
+    for b in batches:
+        total.update(b["num_skipped"])
+    assert total == Counter(reason for _, reason in bad)
+    for entry, reason in bad:
+        assert any(entry["key"] in r.getMessage() and reason in r.getMessage() for r in caplog.records)
+
+
+def test_worker_with_only_bad_samples_yields_empty_batch_with_counts(tmp_path, tokenizer):
+    entries = [{"key": f"gone-{i}", "wav": str(tmp_path / f"gone-{i}.wav"), "txt": "ONE"} for i in range(3)]
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"dataloader_conf": {"num_workers": 1, "prefetch_factor": 2}}
+    (batch,) = list(build_dataloader(build_dataset(data_list, tokenizer, conf), conf))
+    assert batch["keys"] == [] and batch["num_skipped"] == {"missing_audio": 3}
+    assert batch["feats"].shape == (0, 0, 80) and batch["feats_lengths"].shape == (0,)
+
+
+def test_dynamic_batches_through_pipeline(tmp_path, tokenizer):
+    entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]][:20]
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 400},
+            "dataloader_conf": {"num_workers": 0}}
+    batches = list(build_dataloader(build_dataset(data_list, tokenizer, conf), conf))
+    assert sum(len(b["keys"]) for b in batches) == 20
+    for b in batches:
+        assert b["feats"].shape[0] * b["feats"].shape[1] <= 400
+        assert b["feats"].shape[1] == b["feats_lengths"].max()
+
+
+def test_conf_rejects_unknown_keys():
+    with pytest.raises(ValueError, match=r"'fbank'.*fbank_conf"):
+        resolve_dataset_conf({"fbank": {}})
+    with pytest.raises(ValueError, match=r"'num_mel'.*num_mel_bins"):
+        resolve_dataset_conf({"fbank_conf": {"num_mel": 40}})
+    with pytest.raises(ValueError, match="batch_type"):
+        resolve_dataset_conf({"batch_conf": {"batch_type": "bucket"}})
+    conf = resolve_dataset_conf({"fbank_conf": {"num_mel_bins": 40}})
+    assert conf["fbank_conf"] == {"num_mel_bins": 40, "frame_shift": 10, "frame_length": 25, "dither": 1.0}
+    assert conf["batch_conf"]["batch_size"] == 16

@@ -1,0 +1,213 @@
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from scipy.signal import resample_poly
+
+from toolkit.dataset import processor
+from toolkit.dataset.processor import SkipSample
+from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
+from toolkit.utils.common import IGNORE_ID
+
+ROOT = Path(__file__).resolve().parents[3]
+FSDD_WAV = ROOT / "corpora/tiny_fsdd/wav"
+LJ_WAV = ROOT / "corpora/tiny_lj/wav/LJ001-0002.wav"
+
+
+def fbank_sample(path, key="utt", label=(2, 3)):
+    sample = processor.read_audio({"key": key, "wav": str(path), "txt": "x"})
+    sample = processor.compute_fbank(sample, dither=0.0)
+    return dict(sample, label=list(label))
+
+
+@pytest.fixture(scope="module")
+def fsdd_samples():
+    paths = sorted(FSDD_WAV.glob("*.wav"))[:24]
+    return [fbank_sample(p, p.stem, label=range(2, 2 + i % 5 + 1)) for i, p in enumerate(paths)]
+
+
+def test_fbank_shape_follows_kaldi_snip_edges():
+    sample = processor.read_audio({"key": "LJ001-0002", "wav": str(LJ_WAV), "txt": ""})
+    num_samples = sample["waveform"].shape[0]
+    assert sample["sample_rate"] == 16000 and sample["waveform"].dtype == np.float32
+    out = processor.compute_fbank(sample, num_mel_bins=80, frame_length=25, frame_shift=10, dither=0.0)
+    assert "waveform" not in out and "waveform" in sample
+    assert out["feat"].dtype == torch.float32
+    assert out["feat"].shape == (1 + (num_samples - 400) // 160, 80)
+    # Log mel energies of int16-scaled speech: well above the log floor, finite.
+    assert torch.isfinite(out["feat"]).all() and out["feat"].mean() > 5
+    again = processor.compute_fbank(sample, dither=0.0)["feat"]
+    assert torch.equal(out["feat"], again)
+    dithered = processor.compute_fbank(sample, dither=1.0)["feat"]
+    assert not torch.equal(out["feat"], dithered)
+    assert (out["feat"] - dithered).abs().mean() < 0.1
+
+
+def test_resample_44k_to_16k_keeps_duration(tmp_path):
+    original, rate = sf.read(LJ_WAV, dtype="float32")
+    path = tmp_path / "lj_44k.wav"
+    sf.write(path, resample_poly(original, 441, 160).astype(np.float32), 44100)
+    sample = processor.read_audio({"key": "lj", "wav": str(path), "txt": ""})
+    assert sample["sample_rate"] == 44100
+    out = processor.resample(sample, resample_rate=16000)
+    assert out["sample_rate"] == 16000
+    assert abs(out["waveform"].shape[0] - original.shape[0]) <= 1
+    assert out["waveform"].dtype == np.float32
+    n = min(out["waveform"].shape[0], original.shape[0])
+    assert np.corrcoef(out["waveform"][:n], original[:n])[0, 1] > 0.99
+    assert processor.resample(out, resample_rate=16000) is out
+
+
+def test_speed_perturb_changes_length_by_factor():
+    sample = processor.read_audio({"key": "lj", "wav": str(LJ_WAV), "txt": ""})
+    n = sample["waveform"].shape[0]
+    lengths = {round(processor.speed_perturb(sample, random.Random(s))["waveform"].shape[0] * 100 / n)
+               for s in range(20)}
+    assert lengths == {91, 100, 111}
+
+
+def test_spec_aug_zeros_only_whole_bands():
+    feat = fbank_sample(LJ_WAV)["feat"]
+    for seed in range(10):
+        out = processor.spec_aug({"feat": feat}, random.Random(seed), num_t_mask=2, num_f_mask=2, max_t=20,
+                                 max_f=10)["feat"]
+        changed = out != feat
+        assert (out[changed] == 0).all()
+        zero_rows = (out == 0).all(dim=1)
+        zero_cols = (out == 0).all(dim=0)
+        # Every changed value lies in a fully masked frame or a fully masked bin...
+        assert (zero_rows[:, None] | zero_cols[None, :])[changed].all()
+        # ...and the masked frames/bins form at most 2 bands each, no wider than the limits allow.
+        for zero, width in ((zero_rows, 20), (zero_cols, 10)):
+            runs = torch.diff(torch.cat([torch.tensor([0]), zero.int(), torch.tensor([0])])).eq(1).sum()
+            assert 1 <= runs <= 2 and zero.sum() <= 2 * width
+    assert not (feat == 0).any()
+
+
+def test_static_batch_respects_size_and_pads(fsdd_samples):
+    batches = list(processor.static_batch(fsdd_samples, batch_size=5))
+    assert [len(b) for b in batches] == [5, 5, 5, 5, 4]
+    batch = processor.collate(batches[0], {}, 80)
+    lengths = [s["feat"].size(0) for s in batches[0]]
+    assert batch["feats"].shape == (5, max(lengths), 80)
+    assert batch["feats_lengths"].tolist() == lengths
+    for i, s in enumerate(batches[0]):
+        assert torch.equal(batch["feats"][i, :lengths[i]], s["feat"])
+        assert (batch["feats"][i, lengths[i]:] == 0).all()
+        n = len(s["label"])
+        assert batch["target"][i, :n].tolist() == s["label"]
+        assert (batch["target"][i, n:] == IGNORE_ID).all()
+    assert batch["target_lengths"].tolist() == [len(s["label"]) for s in batches[0]]
+    assert batch["target"].dtype == torch.int64 and batch["feats_lengths"].dtype == torch.int64
+
+
+def test_dynamic_batch_respects_padded_frame_budget(fsdd_samples):
+    budget = 300
+    batches = list(processor.dynamic_batch(fsdd_samples, max_frames_in_batch=budget))
+    assert sum(len(b) for b in batches) == len(fsdd_samples)
+    for i, b in enumerate(batches):
+        longest = max(s["feat"].size(0) for s in b)
+        assert longest * len(b) <= budget
+        if i + 1 < len(batches):  # greedy: the next sample would have broken the budget
+            nxt = batches[i + 1][0]["feat"].size(0)
+            assert max(longest, nxt) * (len(b) + 1) > budget
+    assert len(batches) > 1
+
+
+def test_padding_carries_skip_counts_and_final_rest(fsdd_samples):
+    counter = Counter()
+
+    def batches():
+        counter["empty_text"] += 1
+        yield fsdd_samples[:2]
+        counter["missing_audio"] += 2
+        yield fsdd_samples[2:3]
+        counter["too_long"] += 1
+
+    out = list(processor.padding(batches(), counter, 80))
+    assert [b["keys"] for b in out] == [[s["key"] for s in fsdd_samples[:2]], [fsdd_samples[2]["key"]]]
+    assert out[0]["num_skipped"] == {"empty_text": 1, "missing_audio": 2}
+    assert out[1]["num_skipped"] == {"too_long": 1}
+
+    counter["unreadable_audio"] += 3
+    (empty,) = processor.padding(iter([]), counter, 80)
+    assert empty["num_skipped"] == {"unreadable_audio": 3}
+    assert empty["feats"].shape == (0, 0, 80) and empty["target"].shape == (0, 0)
+    assert list(processor.padding(iter([]), Counter(), 80)) == []
+
+
+def test_shuffle_and_sort_buffers(fsdd_samples):
+    keys = [s["key"] for s in fsdd_samples]
+    shuffled = [s["key"] for s in processor.shuffle(fsdd_samples, random.Random(0), shuffle_size=10)]
+    assert shuffled != keys and sorted(shuffled[:10]) == sorted(keys[:10]) and sorted(shuffled) == sorted(keys)
+    lengths = [s["feat"].size(0) for s in processor.sort(fsdd_samples, sort_size=8)]
+    for start in range(0, 24, 8):
+        assert lengths[start:start + 8] == sorted(lengths[start:start + 8])
+    assert lengths != sorted(lengths)
+
+
+@pytest.mark.parametrize("content, reason", [(None, "missing_audio"), (b"RIFF not a wav" * 4, "unreadable_audio"),
+                                             (b"", "unreadable_audio")])
+def test_read_audio_bad_files(tmp_path, content, reason):
+    path = tmp_path / "bad.wav"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SkipSample) as info:
+        processor.read_audio({"key": "k", "wav": str(path), "txt": "A"})
+    assert info.value.reason == reason
+
+
+def test_read_audio_zero_length(tmp_path):
+    path = tmp_path / "empty.wav"
+    sf.write(path, np.zeros(0, dtype=np.float32), 16000)
+    with pytest.raises(SkipSample) as info:
+        processor.read_audio({"key": "k", "wav": str(path), "txt": "A"})
+    assert info.value.reason == "empty_audio"
+
+
+def test_parse_raw():
+    line = '{"key": "a", "wav": "/x.wav", "txt": "HI"}'
+    assert processor.parse_raw({"line": line}) == {"key": "a", "wav": "/x.wav", "txt": "HI"}
+    for bad in ('{"key": "a"', '["a", "b"]', '{"key": "a", "wav": 3, "txt": "HI"}'):
+        with pytest.raises(SkipSample, match="bad_line"):
+            processor.parse_raw({"line": bad})
+
+
+def test_tokenize_and_filter_reasons(tmp_path):
+    table = tmp_path / "units.txt"
+    write_symbol_table(["E", "N", "O", "▁"], str(table))
+    tok = CharTokenizer(str(table))
+    assert processor.tokenize({"txt": "ONE"}, tok)["label"] == [4, 3, 2]
+    for txt, reason in (("  ", "empty_text"), ("TWO", "unknown_token")):
+        with pytest.raises(SkipSample) as info:
+            processor.tokenize({"txt": txt}, tok)
+        assert info.value.reason == reason
+    sample = {"waveform": np.zeros(16000, dtype=np.float32), "sample_rate": 16000, "label": [2, 3, 4]}  # 100 frames
+    assert processor.filter_sample(sample) is sample
+    cases = [({"min_length": 101}, "too_short"), ({"max_length": 99}, "too_long"),
+             ({"token_min_length": 4}, "too_few_tokens"), ({"token_max_length": 2}, "too_many_tokens"),
+             ({"min_output_input_ratio": 0.04}, "ratio_too_small"),
+             ({"max_output_input_ratio": 0.02}, "ratio_too_large")]
+    for conf, reason in cases:
+        with pytest.raises(SkipSample) as info:
+            processor.filter_sample(sample, **conf)
+        assert info.value.reason == reason
+
+
+def test_fbank_of_audio_shorter_than_a_frame_is_skipped():
+    sample = {"key": "k", "waveform": np.full(399, 0.1, dtype=np.float32), "sample_rate": 16000}
+    with pytest.raises(SkipSample, match="too_short"):
+        processor.compute_fbank(sample)
+
+
+def test_map_skipping_logs_key_and_counts(caplog):
+    counter = Counter()
+    lines = [{"line": '{"key": "good", "wav": "w", "txt": "t"}'}, {"line": "oops"}]
+    out = list(processor.map_skipping(lines, processor.parse_raw, counter))
+    assert [s["key"] for s in out] == ["good"]
+    assert counter == {"bad_line": 1}
+    assert "oops" in caplog.text and "bad_line" in caplog.text

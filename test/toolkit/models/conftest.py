@@ -1,0 +1,63 @@
+"""Real-speech fixtures for the model tests: 80-bin fbank computed with kaldi-native-fbank
+straight from the tiny corpora (no dither), independent of toolkit.dataset."""
+from pathlib import Path
+
+import kaldi_native_fbank as knf
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _read_map(path: Path) -> dict[str, str]:
+    with open(path, encoding="utf-8") as f:
+        return dict(line.rstrip("\n").split(" ", 1) for line in f if line.strip())
+
+
+def compute_fbank(wav_path: Path) -> torch.Tensor:
+    """float32 (T, 80) Kaldi-compatible fbank of a 16 kHz WAV, 25 ms / 10 ms frames."""
+    samples, rate = soundfile.read(str(wav_path), dtype="float32")
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = rate
+    opts.frame_opts.dither = 0.0
+    opts.mel_opts.num_bins = 80
+    fbank = knf.OnlineFbank(opts)
+    # Kaldi features are defined on the int16 sample scale.
+    fbank.accept_waveform(rate, (samples * 32768.0).tolist())
+    fbank.input_finished()
+    frames = [fbank.get_frame(i) for i in range(fbank.num_frames_ready)]
+    return torch.from_numpy(np.stack(frames).astype(np.float32))
+
+
+class Corpus:
+    """Keys, transcripts and fbank of one split of a tiny corpus."""
+
+    def __init__(self, name: str, split: str = "train"):
+        self.root = REPO_ROOT / "corpora" / name
+        data = self.root / "data" / split
+        self.wav = _read_map(data / "wav.scp")
+        self.text = _read_map(data / "text")
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def fbank(self, key: str) -> torch.Tensor:
+        if key not in self._cache:
+            self._cache[key] = compute_fbank(self.root / self.wav[key])
+        return self._cache[key]
+
+    def batch(self, keys: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-padded float32 (B, T, 80) fbank and int64 (B,) lengths."""
+        feats = [self.fbank(key) for key in keys]
+        lengths = torch.tensor([f.size(0) for f in feats])
+        return torch.nn.utils.rnn.pad_sequence(feats, batch_first=True), lengths
+
+
+@pytest.fixture(scope="session")
+def tiny_fsdd() -> Corpus:
+    return Corpus("tiny_fsdd")
+
+
+@pytest.fixture(scope="session")
+def tiny_lj() -> Corpus:
+    return Corpus("tiny_lj")

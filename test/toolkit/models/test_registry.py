@@ -1,0 +1,97 @@
+import json
+
+import pytest
+import torch
+
+from toolkit.models.registry import init_model
+from toolkit.models.transformer.asr_model import ASRModel
+from toolkit.models.transformer.cmvn import GlobalCMVN
+from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
+
+
+def _config(**overrides) -> dict:
+    config = dict(
+        input_dim=80, output_dim=30, cmvn=None,
+        encoder="conformer",
+        encoder_conf=dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=1,
+                          dropout_rate=0.1, positional_dropout_rate=0.1,
+                          attention_dropout_rate=0.0, input_layer="conv2d",
+                          normalize_before=True, macaron_style=True, use_cnn_module=True,
+                          cnn_module_kernel=15, cnn_module_norm="batch_norm",
+                          activation_type="swish", pos_enc_layer_type="rel_pos",
+                          selfattention_layer_type="rel_selfattn"),
+        decoder="transformer",
+        decoder_conf=dict(attention_heads=4, linear_units=64, num_blocks=1, dropout_rate=0.1,
+                          positional_dropout_rate=0.1, self_attention_dropout_rate=0.0,
+                          src_attention_dropout_rate=0.0),
+        model_conf=dict(ctc_weight=0.3, lsm_weight=0.1, length_normalized_loss=False))
+    config.update(overrides)
+    return config
+
+
+def test_builds_conformer_with_global_cmvn_from_stats_file(tmp_path):
+    path = tmp_path / "global_cmvn"
+    path.write_text(json.dumps({"mean_stat": [20.0] * 80, "var_stat": [404.0] * 80,
+                                "frame_num": 2}))
+    model = init_model(_config(cmvn="global_cmvn", cmvn_conf={"cmvn_file": str(path)}))
+    assert isinstance(model, ASRModel) and isinstance(model.encoder, ConformerEncoder)
+    assert model.sos == model.eos == 29 and model.ctc_weight == 0.3
+    cmvn = model.encoder.global_cmvn
+    assert isinstance(cmvn, GlobalCMVN)
+    # mean = 20 / 2 = 10, var = 404 / 2 - 10^2 = 102.
+    assert torch.allclose(cmvn.mean, torch.full((80,), 10.0))
+    assert torch.allclose(cmvn.istd, torch.full((80,), 102.0 ** -0.5))
+    assert "encoder.global_cmvn.mean" in model.state_dict()
+    assert model.decoder.output_layer.out_features == 30
+
+
+def test_transformer_encoder_without_cmvn():
+    encoder_conf = dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=1,
+                        pos_enc_layer_type="abs_pos", selfattention_layer_type="selfattn")
+    model = init_model(_config(encoder="transformer", encoder_conf=encoder_conf))
+    assert isinstance(model.encoder, TransformerEncoder)
+    assert model.encoder.global_cmvn is None
+
+
+def test_unknown_encoder_name_lists_choices():
+    with pytest.raises(ValueError, match=r"\['conformer', 'transformer'\]"):
+        init_model(_config(encoder="lstm"))
+    with pytest.raises(ValueError, match=r"\['transformer'\]"):
+        init_model(_config(decoder="rnn"))
+    with pytest.raises(ValueError, match="global_cmvn"):
+        init_model(_config(cmvn="utterance_cmvn"))
+
+
+def test_unknown_conf_key_lists_valid_keys():
+    config = _config()
+    config["encoder_conf"]["num_layers"] = 2
+    with pytest.raises(ValueError, match="num_layers.*num_blocks"):
+        init_model(config)
+    config = _config(model_conf=dict(ctc_weight=0.3, lsm=0.1))
+    with pytest.raises(ValueError, match="lsm_weight"):
+        init_model(config)
+    # Keys filled in by init_model itself are not accepted from the config either.
+    config = _config()
+    config["decoder_conf"]["vocab_size"] = 10
+    with pytest.raises(ValueError, match="vocab_size"):
+        init_model(config)
+
+
+def test_scripted_encoder_and_decoder_with_cmvn_match_eager(tmp_path, tiny_fsdd):
+    path = tmp_path / "global_cmvn"
+    path.write_text(json.dumps({"mean_stat": [30.0] * 80, "var_stat": [500.0] * 80,
+                                "frame_num": 2}))
+    torch.manual_seed(0)
+    model = init_model(_config(cmvn="global_cmvn", cmvn_conf={"cmvn_file": str(path)})).eval()
+    feats, lengths = tiny_fsdd.batch(["george-0-01", "nicolas-6-00"])
+    encoder = torch.jit.script(model.encoder)
+    decoder = torch.jit.script(model.decoder)
+    ys_in = torch.tensor([[29, 3, 4], [29, 5, 29]])
+    ys_lens = torch.tensor([3, 2])
+    with torch.no_grad():
+        out, mask = model.encoder(feats, lengths)
+        out_script, mask_script = encoder(feats, lengths)
+        assert torch.equal(mask, mask_script)
+        assert torch.allclose(out, out_script, atol=1e-6)
+        assert torch.allclose(decoder(out, mask, ys_in, ys_lens),
+                              model.decoder(out, mask, ys_in, ys_lens), atol=1e-6)

@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
+
+KEYS = ["lucas-5-01", "george-0-01", "nicolas-6-00"]
+SMALL = dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=2)
+
+
+def _encoders():
+    torch.manual_seed(0)
+    return [TransformerEncoder(80, **SMALL),
+            ConformerEncoder(80, cnn_module_kernel=7, **SMALL),
+            ConformerEncoder(80, cnn_module_kernel=7, cnn_module_norm="layer_norm", **SMALL)]
+
+
+def _trained_batch_norm(encoder, feats, lengths):
+    """Give BatchNorm non-trivial running statistics so eval mode is a real test."""
+    encoder.train()
+    with torch.no_grad():
+        encoder(feats, lengths)
+    return encoder.eval()
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_output_length_and_mask_match_subsampling_formula(tiny_fsdd, index):
+    feats, lengths = tiny_fsdd.batch(KEYS)
+    encoder = _encoders()[index].eval()
+    out, mask = encoder(feats, lengths)
+    time = feats.size(1)
+    assert out.shape == (3, ((time - 1) // 2 - 1) // 2, 32)
+    assert mask.dtype == torch.bool and mask.shape == (3, 1, out.size(1))
+    assert mask.sum(dim=2).squeeze(1).tolist() == [
+        ((n - 1) // 2 - 1) // 2 for n in lengths.tolist()]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_padded_batch_matches_each_utterance_alone(tiny_fsdd, index):
+    feats, lengths = tiny_fsdd.batch(KEYS)
+    assert len(set(lengths.tolist())) == 3
+    encoder = _trained_batch_norm(_encoders()[index], feats, lengths)
+    with torch.no_grad():
+        out, mask = encoder(feats, lengths)
+        for b, length in enumerate(lengths.tolist()):
+            alone, alone_mask = encoder(feats[b:b + 1, :length], lengths[b:b + 1])
+            valid = int(mask[b].sum())
+            assert alone.size(1) == valid and bool(alone_mask.all())
+            assert torch.allclose(out[b, :valid], alone[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_torchscript_encoder_matches_eager(tiny_fsdd, index):
+    feats, lengths = tiny_fsdd.batch(KEYS)
+    encoder = _trained_batch_norm(_encoders()[index], feats, lengths)
+    scripted = torch.jit.script(encoder)
+    with torch.no_grad():
+        out, mask = encoder(feats, lengths)
+        out_script, mask_script = scripted(feats, lengths)
+    assert torch.equal(mask, mask_script)
+    assert torch.allclose(out, out_script, atol=1e-6)
+
+
+def test_invalid_names_raise_value_error_listing_choices():
+    with pytest.raises(ValueError, match="rel_pos"):
+        ConformerEncoder(80, pos_enc_layer_type="sinusoid", **SMALL)
+    with pytest.raises(ValueError, match="rel_selfattn goes with"):
+        TransformerEncoder(80, selfattention_layer_type="rel_selfattn", **SMALL)
+    with pytest.raises(ValueError, match="odd"):
+        ConformerEncoder(80, cnn_module_kernel=8, **SMALL)

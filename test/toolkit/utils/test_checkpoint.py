@@ -1,0 +1,40 @@
+import os
+
+import pytest
+import torch
+
+from toolkit.utils.checkpoint import list_checkpoints, load_checkpoint, load_info, save_checkpoint
+
+
+def test_save_then_load_round_trip(tmp_path):
+    state = {"model": {"w": torch.arange(6.0).reshape(2, 3)}}
+    save_checkpoint(str(tmp_path / "epoch_0.pt"), state, {"epoch": 0, "cv_loss": 1.5})
+    loaded = load_checkpoint(str(tmp_path / "epoch_0.pt"))
+    assert torch.equal(loaded["model"]["w"], state["model"]["w"])
+    assert load_info(str(tmp_path / "epoch_0.pt")) == {"epoch": 0, "cv_loss": 1.5}
+    assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []
+
+
+def test_a_pt_without_its_yaml_is_an_unfinished_save(tmp_path):
+    for epoch in (0, 1, 10, 2):
+        save_checkpoint(str(tmp_path / f"epoch_{epoch}.pt"), {"model": {}}, {"epoch": epoch})
+    os.unlink(tmp_path / "epoch_2.yaml")  # as if killed between the .pt and the commit marker
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path))] == ["epoch_0.pt", "epoch_1.pt",
+                                                                              "epoch_10.pt"]
+    with pytest.raises(FileNotFoundError, match="never finished"):
+        load_checkpoint(str(tmp_path / "epoch_2.pt"))
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path):
+    path = str(tmp_path / "epoch_0.pt")
+    save_checkpoint(path, {"model": {"w": torch.ones(2)}}, {"epoch": 0})
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint(path, {"model": {"w": Unpicklable()}}, {"epoch": 1})
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(2))
+    assert load_info(path)["epoch"] == 0
+    assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []

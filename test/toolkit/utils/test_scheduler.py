@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+from toolkit.utils.scheduler import WarmupLR, init_optimizer_and_scheduler
+
+
+def test_warmup_lr_peaks_at_configured_lr_then_decays_as_inverse_sqrt():
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([param], lr=0.002)
+    scheduler = WarmupLR(optimizer, warmup_steps=100)
+    lrs = []
+    for _ in range(400):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(0.002 / 100)          # step 1 of warm-up
+    assert lrs[49] == pytest.approx(0.002 * 50 / 100)    # linear
+    assert lrs[99] == pytest.approx(0.002)               # peak at warmup_steps
+    assert lrs[399] == pytest.approx(0.002 * (100 / 400) ** 0.5)  # inverse sqrt decay
+
+
+def test_unknown_optimizer_or_scheduler_lists_choices():
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    with pytest.raises(ValueError, match=r"\['adam', 'adamw'\]"):
+        init_optimizer_and_scheduler(params, "sgdd", {"lr": 1.0}, "warmuplr", {})
+    with pytest.raises(ValueError, match=r"\['warmuplr'\]"):
+        init_optimizer_and_scheduler(params, "adam", {"lr": 1.0}, "cosine", {})

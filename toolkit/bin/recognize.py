@@ -1,0 +1,104 @@
+"""Decode a test set with a trained model; writes ``<result_dir>/<mode>/text`` (``key hyp`` per line).
+
+Usage:
+
+    python -m toolkit.bin.recognize --config exp/conformer/train.yaml --checkpoint exp/conformer/avg_3.pt \\
+        --test_data data/test_fsdd/data.list --result_dir exp/conformer/test_fsdd \\
+        --modes ctc_greedy_search ctc_prefix_beam_search attention attention_rescoring \\
+        --beam_size 10 --batch_size 32
+
+Every mode shares one encoder pass per batch. Utterances the data pipeline skips (unreadable audio, unknown
+characters) are logged with their key and counted; the scorer then counts them as deletions, so a WER is never
+computed on a silently shrunk test set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections import Counter
+
+import torch
+from tqdm import tqdm
+
+from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.models.registry import init_model
+from toolkit.text.tokenizer import init_tokenizer
+from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
+from toolkit.utils.config import apply_overrides, load_config
+
+DECODE_MODES = ("ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring")
+
+
+def get_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="the model dir's train.yaml")
+    parser.add_argument("--override_config", action="append", default=[])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--test_data", required=True, help="data.list of the test set")
+    parser.add_argument("--result_dir", required=True)
+    parser.add_argument("--modes", nargs="+", default=["attention_rescoring"], choices=DECODE_MODES)
+    parser.add_argument("--beam_size", type=int, default=10)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--ctc_weight", type=float, default=0.5, help="CTC weight in attention rescoring")
+    parser.add_argument("--length_penalty", type=float, default=0.0)
+    parser.add_argument("--num_threads", type=int, default=0, help="CPU threads (0: torch default)")
+    return parser.parse_args(argv)
+
+
+def test_dataset_conf(dataset_conf: dict, batch_size: int) -> dict:
+    """The training pipeline's features with decoding settings: no filtering by length, static batches."""
+    conf = {key: value for key, value in dataset_conf.items() if key not in ("filter_conf",)}
+    conf["batch_conf"] = {"batch_type": "static", "batch_size": batch_size}
+    conf["filter_conf"] = {"max_length": 1_000_000, "min_length": 0, "token_max_length": 1_000_000,
+                           "token_min_length": 0}
+    conf["shuffle"] = False
+    conf["sort"] = False
+    return conf
+
+
+def main(argv=None) -> None:
+    args = get_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    configs = apply_overrides(load_config(args.config), args.override_config)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = init_tokenizer(configs["tokenizer"], configs["tokenizer_conf"])
+    dataset = build_dataset(args.test_data, tokenizer, test_dataset_conf(configs["dataset_conf"], args.batch_size),
+                            mode="test")
+    loader = build_dataloader(dataset, configs["dataset_conf"])
+    model = init_model(configs)
+    model.load_state_dict(load_checkpoint(args.checkpoint)[MODEL_KEY])
+    model.to(device).eval()
+
+    outputs = {}
+    for mode in args.modes:
+        os.makedirs(os.path.join(args.result_dir, mode), exist_ok=True)
+        outputs[mode] = open(os.path.join(args.result_dir, mode, "text"), "w", encoding="utf-8")
+    skipped = Counter()
+    with open(args.test_data, encoding="utf-8") as f:
+        total = sum(1 for line in f if line.strip())
+    with torch.no_grad(), tqdm(total=total, unit="utt", desc="decode") as bar:
+        for batch in loader:
+            skipped.update(batch.get("num_skipped", {}))
+            if len(batch["keys"]) == 0:
+                continue
+            hyps = model.decode(args.modes, batch["feats"].to(device), batch["feats_lengths"].to(device),
+                                beam_size=args.beam_size, ctc_weight=args.ctc_weight,
+                                length_penalty=args.length_penalty)
+            for mode, token_ids in hyps.items():
+                for key, ids in zip(batch["keys"], token_ids):
+                    text, _ = tokenizer.detokenize(ids)
+                    outputs[mode].write(f"{key} {text}\n")
+            bar.update(len(batch["keys"]))
+    for out in outputs.values():
+        out.close()
+    if skipped:
+        logging.warning("skipped utterances by reason: %s (scored as deletions)", dict(skipped))
+    logging.info("wrote %s", ", ".join(os.path.join(args.result_dir, mode, "text") for mode in args.modes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Train an ASR model (CTC/attention hybrid) on one CPU, one GPU, or many GPUs and nodes.
+
+Usage (the recipe's stage 4 runs this; 2 CPU processes with gloo, or one per GPU with nccl):
+
+    torchrun --standalone --nproc_per_node=2 -m toolkit.bin.train \\
+        --config conf/train_conformer.yaml \\
+        --train_data data/train/data.list --cv_data data/dev/data.list \\
+        --model_dir exp/conformer --tensorboard_dir tensorboard \\
+        --override_config "tokenizer_conf.symbol_table_path data/dict/units.txt" \\
+        --override_config "cmvn_conf.cmvn_file data/train/global_cmvn"
+
+Multi-node: ``torchrun --nnodes=$num_nodes --nproc_per_node=8 --rdzv_backend=c10d
+--rdzv_endpoint=$HOST_NODE_ADDR --rdzv_id=$job_id -m toolkit.bin.train ...`` on every node.
+Resume with ``--checkpoint exp/conformer/epoch_3.pt`` (training continues at epoch 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+from toolkit.dataset import init_dataset_and_dataloader
+from toolkit.distributed.context import destroy_distributed, init_distributed
+from toolkit.distributed.join import FlagJoin
+from toolkit.engine import ENGINE_CHOICES, init_engine
+from toolkit.engine.executor import TrainProgress, cross_validate, train_one_epoch
+from toolkit.models.registry import init_model
+from toolkit.models.summary import trace_and_print_model
+from toolkit.text.tokenizer import init_tokenizer
+from toolkit.utils.checkpoint import load_checkpoint, load_info
+from toolkit.utils.config import ConfigError, apply_overrides, check_modify_and_save_config, load_config
+from toolkit.utils.scheduler import init_optimizer_and_scheduler
+from toolkit.utils.summary import init_summarywriter
+
+
+def get_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="training YAML")
+    parser.add_argument("--override_config", action="append", default=[],
+                        help='"key.sub value"; repeatable; the key must exist in the config')
+    parser.add_argument("--train_data", required=True, help="data.list (JSON lines) of the training set")
+    parser.add_argument("--cv_data", required=True, help="data.list of the cross-validation set")
+    parser.add_argument("--model_dir", required=True, help="where checkpoints and train.yaml go")
+    parser.add_argument("--tensorboard_dir", default="tensorboard")
+    parser.add_argument("--checkpoint", default=None, help="resume from this epoch_N.pt")
+    parser.add_argument("--train_engine", default="torch_ddp", choices=ENGINE_CHOICES)
+    parser.add_argument("--pg_timeout_s", type=float, default=1800.0,
+                        help="process-group timeout: a collective waiting longer fails instead of hanging")
+    return parser.parse_args(argv)
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO, force=True,
+                        format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+
+
+def count_lines(path: str) -> int:
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def main(argv=None) -> None:
+    args = get_args(argv)
+    setup_logging(int(os.environ.get("RANK", 0)))
+    # 1. read the config and apply the command-line overrides
+    configs = apply_overrides(load_config(args.config), args.override_config)
+    # 2. process group and rank context (torchrun environment, read once)
+    ctx = init_distributed(args.pg_timeout_s)
+    # 3. derived keys; rank 0 writes the effective train.yaml
+    configs = check_modify_and_save_config(configs, args.model_dir, ctx.is_main)
+    train_conf = configs["train_conf"]
+    torch.manual_seed(train_conf["seed"])
+    # 4. data: every utterance goes to exactly one rank and worker per epoch
+    tokenizer = init_tokenizer(configs["tokenizer"], configs["tokenizer_conf"])
+    train_set, train_loader, cv_set, cv_loader = init_dataset_and_dataloader(
+        args.train_data, args.cv_data, tokenizer, configs["dataset_conf"], ctx.rank, ctx.world_size,
+        train_conf["seed"])
+    # 5. model
+    model = init_model(configs)
+    # 6. TorchScript check and parameter count
+    trace_and_print_model(model, ctx.is_main)
+    # 7. tensorboard (rank 0 only)
+    writer = init_summarywriter(args.tensorboard_dir, args.model_dir, ctx.is_main)
+    # 8. optimizer, scheduler, engine (DDP wrap on CPU or GPU)
+    optimizer, scheduler = init_optimizer_and_scheduler(
+        model.parameters(), configs["optim"], configs["optim_conf"], configs["scheduler"],
+        configs["scheduler_conf"])
+    ctc_weight = configs.get("model_conf", {}).get("ctc_weight", 0.3)
+    engine = init_engine(args.train_engine, ctx, train_conf, find_unused_parameters=not 0.0 < ctc_weight < 1.0)
+    engine.prepare(model, optimizer, scheduler)
+    join = FlagJoin(is_empty=lambda batch: len(batch["keys"]) == 0)
+    # 9. resume
+    progress = TrainProgress()
+    if args.checkpoint:
+        engine.load_state_dict(load_checkpoint(args.checkpoint))
+        info = load_info(args.checkpoint)
+        progress = TrainProgress(epoch=info["epoch"] + 1, step=info["step"])
+        logging.info("resumed from %s: epoch %d, step %d", args.checkpoint, progress.epoch, progress.step)
+    # 10. the initial model, so a run killed in epoch 0 still leaves a loadable model
+    if progress.epoch == 0:
+        engine.save(os.path.join(args.model_dir, "init.pt"), {"epoch": -1, "step": 0, "tag": "init"})
+    # 11. epochs: train, cross-validate on every rank, save collectively
+    max_epoch = train_conf["max_epoch"]
+    utts_per_rank = -(-count_lines(args.train_data) // ctx.world_size)
+    for epoch in range(progress.epoch, max_epoch):
+        progress.epoch = epoch
+        train_set.set_epoch(epoch)
+        lr = engine.lr
+        train_stats = train_one_epoch(engine, join, train_loader, progress, train_conf, writer,
+                                      utts_per_rank * (max_epoch - epoch)).reduce()
+        cv_stats = cross_validate(engine, cv_loader)
+        info = {"epoch": epoch, "step": progress.step, "lr": lr, "cv_loss": cv_stats.loss,
+                "train_loss": train_stats.loss, "train_utts": train_stats.num_utts, "cv_utts": cv_stats.num_utts,
+                "skipped": dict(train_stats.skipped), "dropped_batches": train_stats.dropped_batches,
+                "tag": f"epoch_{epoch}"}
+        engine.save(os.path.join(args.model_dir, f"epoch_{epoch}.pt"), info)
+        if ctx.is_main:
+            logging.info("epoch %d done: step %d, train_loss %.3f (%d utts), cv_loss %.3f (%d utts), "
+                         "dropped batches %d, skipped utts train %s cv %s", epoch, progress.step,
+                         train_stats.loss, train_stats.num_utts, cv_stats.loss, cv_stats.num_utts,
+                         train_stats.dropped_batches, dict(train_stats.skipped), dict(cv_stats.skipped))
+            if writer is not None:
+                writer.add_scalar("cv/loss", cv_stats.loss, epoch)
+                writer.add_scalar("train/epoch_loss", train_stats.loss, epoch)
+                writer.flush()
+    if writer is not None:
+        writer.close()
+    join.close()
+    # 12. tear down (gloo may abort at exit without it)
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as e:
+        logging.error("%s", e)
+        sys.exit(2)

@@ -1,0 +1,191 @@
+"""Streaming ASR dataset: data.list lines -> padded batch dicts, partitioned over ranks and workers.
+
+The batch dict is the one contract between the dataset and the model (the dataset produces it, training and
+decoding consume it)::
+
+    keys:           list[str], B utterance keys
+    feats:          float32 (B, T, D) fbank, zero-padded, T frames at 10 ms, D = num_mel_bins (80 default)
+    feats_lengths:  int64 (B,)
+    target:         int64 (B, L) token ids padded with IGNORE_ID (-1)
+    target_lengths: int64 (B,)
+    num_skipped:    dict[str, int] samples dropped by this dataloader worker since its previous batch, by reason
+
+A worker whose every remaining sample was skipped yields one batch with B=0 (``feats`` of shape ``(0, 0, D)``,
+``target`` of shape ``(0, 0)``) so that its skip counts are not lost; consumers must read ``num_skipped`` and
+then skip B=0 batches. Skip reasons: ``bad_line``, ``missing_audio``, ``unreadable_audio``, ``empty_audio``,
+``empty_text``, ``unknown_token``, ``too_short``, ``too_long``, ``too_few_tokens``, ``too_many_tokens``,
+``ratio_too_small``, ``ratio_too_large``; each skip is also logged as a warning naming the key.
+
+The model is called as ``model(feats, feats_lengths, target, target_lengths)``.
+"""
+import copy
+import functools
+import random
+from collections import Counter
+from typing import Iterator, List, Optional
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from toolkit.dataset import processor
+
+DEFAULT_DATASET_CONF = {
+    "filter_conf": {"max_length": 2000, "min_length": 10, "token_max_length": 200, "token_min_length": 1,
+                    "min_output_input_ratio": 0.0005, "max_output_input_ratio": 1.0},
+    "resample_conf": {"resample_rate": 16000},
+    "speed_perturb": False,
+    "fbank_conf": {"num_mel_bins": 80, "frame_shift": 10, "frame_length": 25, "dither": 1.0},
+    "spec_aug": True,
+    "spec_aug_conf": {"num_t_mask": 2, "num_f_mask": 2, "max_t": 50, "max_f": 10},
+    "shuffle": True,
+    "shuffle_conf": {"shuffle_size": 1500},
+    "sort": True,
+    "sort_conf": {"sort_size": 500},
+    "batch_conf": {"batch_type": "static", "batch_size": 16, "max_frames_in_batch": 12000},
+    "dataloader_conf": {"num_workers": 1, "prefetch_factor": 4, "pin_memory": False, "persistent_workers": False},
+}
+MODES = ("train", "cv", "test")
+BATCH_TYPES = ("static", "dynamic")
+
+
+def resolve_dataset_conf(dataset_conf: Optional[dict]) -> dict:
+    """Fill ``dataset_conf`` (may be None or partial) with :data:`DEFAULT_DATASET_CONF`; returns a new dict.
+
+    Raises:
+        ValueError: an unknown key at the top level or inside a ``*_conf`` section (the message names it and
+            lists the valid keys), or ``batch_conf.batch_type`` not in ``static|dynamic``.
+    """
+    conf = copy.deepcopy(DEFAULT_DATASET_CONF)
+    for key, value in (dataset_conf or {}).items():
+        if key not in conf:
+            raise ValueError(f"unknown dataset_conf key {key!r}; valid keys: {sorted(conf)}")
+        if isinstance(conf[key], dict):
+            for sub_key in value:
+                if sub_key not in conf[key]:
+                    raise ValueError(f"unknown dataset_conf.{key} key {sub_key!r}; valid keys: {sorted(conf[key])}")
+            conf[key].update(value)
+        else:
+            conf[key] = value
+    batch_type = conf["batch_conf"]["batch_type"]
+    if batch_type not in BATCH_TYPES:
+        raise ValueError(f"batch_conf.batch_type must be one of {BATCH_TYPES}, got {batch_type!r}")
+    return conf
+
+
+def _build_pipeline(lines: List[str], tokenizer, conf: dict, mode: str, rng: random.Random) -> Iterator[dict]:
+    """Chain every step over this worker's lines, reading ``conf`` top to bottom."""
+    train = mode == "train"
+    num_skipped: Counter = Counter()
+
+    def per_sample(stream, fn, **kwargs):
+        return processor.map_skipping(stream, functools.partial(fn, **kwargs), num_skipped)
+
+    samples = per_sample(({"line": line} for line in lines), processor.parse_raw)
+    if train and conf["shuffle"]:
+        # Shuffling before audio is read keeps the buffer at a few bytes per sample instead of a waveform.
+        samples = processor.shuffle(samples, rng, **conf["shuffle_conf"])
+    samples = per_sample(samples, processor.read_audio)
+    samples = per_sample(samples, processor.resample, **conf["resample_conf"])
+    if train and conf["speed_perturb"]:
+        samples = per_sample(samples, processor.speed_perturb, rng=rng)
+    samples = per_sample(samples, processor.tokenize, tokenizer=tokenizer)
+    samples = per_sample(samples, processor.filter_sample, **conf["filter_conf"])
+    fbank_conf = dict(conf["fbank_conf"], dither=conf["fbank_conf"]["dither"] if train else 0.0)
+    samples = per_sample(samples, processor.compute_fbank, **fbank_conf)
+    if train and conf["spec_aug"]:
+        samples = per_sample(samples, processor.spec_aug, rng=rng, **conf["spec_aug_conf"])
+    if conf["sort"]:
+        samples = processor.sort(samples, **conf["sort_conf"])
+    batch_conf = conf["batch_conf"]
+    if batch_conf["batch_type"] == "static":
+        batches = processor.static_batch(samples, batch_conf["batch_size"])
+    else:
+        batches = processor.dynamic_batch(samples, batch_conf["max_frames_in_batch"])
+    return processor.padding(batches, num_skipped, fbank_conf["num_mel_bins"])
+
+
+class AsrDataset(IterableDataset):
+    """Iterable over batch dicts for one rank; see the module docstring for the batch contract.
+
+    Partition: each pass, the line order is (train mode with ``shuffle``) a permutation seeded by
+    ``seed + epoch``, identical on all ranks; position ``i`` goes to global worker
+    ``i % (world_size * num_workers)``, global worker = ``rank * num_workers + worker_id``. Every line is
+    thus read by exactly one rank and one worker per epoch; ranks may get unequal counts.
+
+    The epoch of a pass is the last :meth:`set_epoch` value plus the passes this copy of the dataset has made
+    since, so persistent DataLoader workers (whose copy never sees ``set_epoch``) still reshuffle each epoch.
+    """
+
+    def __init__(self, lines: List[str], tokenizer, conf: dict, mode: str, rank: int, world_size: int, seed: int):
+        super().__init__()
+        self.lines = lines
+        self.tokenizer = tokenizer
+        self.conf = conf
+        self.mode = mode
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.epoch = 0
+        self._passes_since_set_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the shuffling/augmentation seed for the next pass (call before each epoch)."""
+        self.epoch = epoch
+        self._passes_since_set_epoch = 0
+
+    def __iter__(self) -> Iterator[dict]:
+        epoch = self.epoch + self._passes_since_set_epoch
+        self._passes_since_set_epoch += 1
+        info = get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        global_worker = self.rank * num_workers + worker_id
+        total_workers = self.world_size * num_workers
+        order = list(range(len(self.lines)))
+        if self.mode == "train" and self.conf["shuffle"]:
+            random.Random(self.seed + epoch).shuffle(order)
+        mine = [self.lines[i] for pos, i in enumerate(order) if pos % total_workers == global_worker]
+        rng = random.Random(f"{self.seed}:{epoch}:{global_worker}")
+        return _build_pipeline(mine, self.tokenizer, self.conf, self.mode, rng)
+
+
+def build_dataset(data_list_file: str, tokenizer, dataset_conf: Optional[dict], *, mode: str = "train",
+                  rank: int = 0, world_size: int = 1, seed: int = 777) -> AsrDataset:
+    """Build the dataset of one rank from a data.list file (JSON lines ``{"key", "wav", "txt"}``).
+
+    Args:
+        data_list_file: written by ``tools/make_raw_list.py``; relative wav paths resolve against the cwd.
+        tokenizer: a ``toolkit.text.tokenizer`` tokenizer.
+        dataset_conf: see :data:`DEFAULT_DATASET_CONF`; missing keys take the defaults.
+        mode: ``"train"``, or ``"cv"``/``"test"`` (no shuffle, speed perturbation, SpecAugment; dither 0).
+        rank, world_size: this process's place among the distributed ranks.
+        seed: base seed; the pass of epoch ``e`` shuffles lines with ``seed + e``.
+
+    Raises:
+        ValueError: bad ``mode``, ``rank``/``world_size``, or ``dataset_conf`` key (see
+            :func:`resolve_dataset_conf`).
+        OSError: ``data_list_file`` cannot be read.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+    conf = resolve_dataset_conf(dataset_conf)
+    with open(data_list_file, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return AsrDataset(lines, tokenizer, conf, mode, rank, world_size, seed)
+
+
+def build_dataloader(dataset: AsrDataset, dataset_conf: Optional[dict]) -> DataLoader:
+    """Wrap ``dataset`` in a DataLoader (``batch_size=None``: the dataset already yields batches).
+
+    ``dataset_conf.dataloader_conf`` sets num_workers, prefetch_factor, pin_memory and persistent_workers
+    (defaults 1, 4, false, false); the last two worker-only options are dropped when num_workers is 0.
+
+    Raises:
+        ValueError: unknown ``dataset_conf`` key.
+    """
+    loader_conf = resolve_dataset_conf(dataset_conf)["dataloader_conf"]
+    kwargs = {"batch_size": None, "num_workers": loader_conf["num_workers"], "pin_memory": loader_conf["pin_memory"]}
+    if loader_conf["num_workers"] > 0:
+        kwargs.update(prefetch_factor=loader_conf["prefetch_factor"],
+                      persistent_workers=loader_conf["persistent_workers"])
+    return DataLoader(dataset, **kwargs)

@@ -1,0 +1,324 @@
+"""Steps of the data pipeline: pure per-sample functions and generator stream steps.
+
+A *sample* is a dict that grows as it moves through the per-sample steps::
+
+    {"line"} -> parse_raw -> {"key", "wav", "txt"} -> read_audio -> + "waveform", "sample_rate"
+    -> resample / speed_perturb -> tokenize -> + "tokens", "label" -> filter_sample
+    -> compute_fbank -> + "feat" (waveform dropped) -> spec_aug
+
+A per-sample step returns a new dict (its input is never modified) or raises :class:`SkipSample`; the stream
+step :func:`map_skipping` turns that into a logged, counted skip so that bad input never stops training.
+"""
+import json
+import logging
+import math
+import os
+import random
+from collections import Counter
+from typing import Callable, Dict, Iterable, Iterator, List
+
+import kaldi_native_fbank as knf
+import numpy as np
+import soundfile as sf
+import torch
+from scipy.signal import resample_poly
+from torch.nn.utils.rnn import pad_sequence
+
+from toolkit.utils.common import IGNORE_ID, UNK_ID
+
+logger = logging.getLogger(__name__)
+
+# Kaldi computes fbank on 16-bit sample values; soundfile returns floats in [-1, 1).
+INT16_SCALE = 32768.0
+
+
+class SkipSample(Exception):
+    """Raised by a per-sample step when the sample must be dropped.
+
+    Attributes:
+        reason: short key used in the batch's ``num_skipped`` counts, e.g. ``"missing_audio"``.
+        detail: human-readable explanation for the log.
+    """
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def parse_raw(sample: dict) -> dict:
+    """Parse one data.list JSON line.
+
+    Reads ``line`` (str, ``{"key": ..., "wav": ..., "txt": ...}``); writes ``key``, ``wav``, ``txt``.
+
+    Raises:
+        SkipSample: ``bad_line`` when the line is not a JSON object with string key/wav/txt.
+    """
+    try:
+        obj = json.loads(sample["line"])
+    except json.JSONDecodeError as err:
+        raise SkipSample("bad_line", f"not JSON ({err})") from err
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("key", "wav", "txt")):
+        raise SkipSample("bad_line", "expected string fields key, wav, txt")
+    return {"key": obj["key"], "wav": obj["wav"], "txt": obj["txt"]}
+
+
+def read_audio(sample: dict) -> dict:
+    """Read an audio file (any libsndfile format: WAV, FLAC, Ogg Opus, ...) as float32 mono.
+
+    Reads ``wav`` (path); writes ``waveform`` (float32 ndarray ``(N,)`` in [-1, 1), channels averaged)
+    and ``sample_rate`` (int, Hz).
+
+    Raises:
+        SkipSample: ``missing_audio`` (no such file), ``unreadable_audio`` (libsndfile cannot decode it),
+            ``empty_audio`` (zero samples).
+    """
+    path = sample["wav"]
+    if not os.path.isfile(path):
+        raise SkipSample("missing_audio", f"no such file {path}")
+    try:
+        data, sample_rate = sf.read(path, dtype="float32", always_2d=True)
+    except (sf.SoundFileError, RuntimeError, OSError, ValueError) as err:
+        raise SkipSample("unreadable_audio", f"{path}: {err}") from err
+    if data.shape[0] == 0:
+        raise SkipSample("empty_audio", f"{path} has no samples")
+    waveform = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
+    return dict(sample, waveform=np.ascontiguousarray(waveform), sample_rate=int(sample_rate))
+
+
+def _resample_poly(waveform: np.ndarray, up: int, down: int) -> np.ndarray:
+    g = math.gcd(up, down)
+    return resample_poly(waveform, up // g, down // g).astype(np.float32)
+
+
+def resample(sample: dict, resample_rate: int = 16000) -> dict:
+    """Polyphase resampling (scipy ``resample_poly``) to ``resample_rate`` when the rate differs.
+
+    Reads ``waveform``, ``sample_rate``; writes ``waveform`` (float32 ``(N * resample_rate / sample_rate,)``)
+    and ``sample_rate``.
+    """
+    if sample["sample_rate"] == resample_rate:
+        return sample
+    waveform = _resample_poly(sample["waveform"], resample_rate, sample["sample_rate"])
+    return dict(sample, waveform=waveform, sample_rate=resample_rate)
+
+
+def speed_perturb(sample: dict, rng: random.Random, speeds=(0.9, 1.0, 1.1)) -> dict:
+    """Speed perturbation (Ko et al., Interspeech 2015): change tempo and pitch by a random factor.
+
+    Reads ``waveform``, ``sample_rate``; writes ``waveform`` (float32, about ``N / speed`` samples). Done by
+    resampling: the signal is played back as if recorded at ``speed * sample_rate``.
+    """
+    speed = rng.choice(speeds)
+    if speed == 1.0:
+        return sample
+    waveform = _resample_poly(sample["waveform"], 100, round(speed * 100))
+    return dict(sample, waveform=waveform)
+
+
+def tokenize(sample: dict, tokenizer) -> dict:
+    """Tokenize the transcript.
+
+    Reads ``txt``; writes ``tokens`` (list[str]) and ``label`` (list[int] token ids).
+
+    Raises:
+        SkipSample: ``empty_text`` (blank transcript) or ``unknown_token`` (a unit maps to ``<unk>``).
+    """
+    if not sample["txt"].strip():
+        raise SkipSample("empty_text", "empty transcript")
+    tokens, label = tokenizer.tokenize(sample["txt"])
+    unknown = [t for t, i in zip(tokens, label) if i == UNK_ID]
+    if unknown:
+        raise SkipSample("unknown_token", f"units not in the symbol table: {sorted(set(unknown))}")
+    return dict(sample, tokens=tokens, label=label)
+
+
+def filter_sample(sample: dict, max_length: float = 2000, min_length: float = 10, token_max_length: int = 200,
+                  token_min_length: int = 1, min_output_input_ratio: float = 0.0005,
+                  max_output_input_ratio: float = 1.0) -> dict:
+    """Drop samples whose length or label/frame ratio is out of range.
+
+    Lengths are in 10 ms frames (``num_samples / sample_rate * 100``); the ratio is
+    ``len(label) / frames``. Reads ``waveform``, ``sample_rate``, ``label``; writes nothing.
+
+    Raises:
+        SkipSample: ``too_short``, ``too_long``, ``too_few_tokens``, ``too_many_tokens``,
+            ``ratio_too_small`` or ``ratio_too_large``.
+    """
+    frames = sample["waveform"].shape[0] / sample["sample_rate"] * 100
+    num_tokens = len(sample["label"])
+    checks = [
+        ("too_short", frames < min_length, f"{frames:.0f} frames < min_length {min_length}"),
+        ("too_long", frames > max_length, f"{frames:.0f} frames > max_length {max_length}"),
+        ("too_few_tokens", num_tokens < token_min_length, f"{num_tokens} tokens < {token_min_length}"),
+        ("too_many_tokens", num_tokens > token_max_length, f"{num_tokens} tokens > {token_max_length}"),
+    ]
+    if frames > 0:
+        ratio = num_tokens / frames
+        checks += [("ratio_too_small", ratio < min_output_input_ratio, f"tokens/frames {ratio:.4f}"),
+                   ("ratio_too_large", ratio > max_output_input_ratio, f"tokens/frames {ratio:.4f}")]
+    for reason, failed, detail in checks:
+        if failed:
+            raise SkipSample(reason, detail)
+    return sample
+
+
+def compute_fbank(sample: dict, num_mel_bins: int = 80, frame_length: float = 25, frame_shift: float = 10,
+                  dither: float = 1.0) -> dict:
+    """Kaldi-compatible log mel filterbank (kaldi-native-fbank, povey window, snip_edges=true).
+
+    Reads ``waveform``, ``sample_rate``; writes ``feat`` (float32 tensor ``(T, num_mel_bins)`` with
+    ``T = 1 + (N - frame_length_samples) // frame_shift_samples``) and drops ``waveform``.
+
+    Raises:
+        SkipSample: ``too_short`` when the audio is shorter than one frame.
+    """
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = sample["sample_rate"]
+    opts.frame_opts.frame_length_ms = frame_length
+    opts.frame_opts.frame_shift_ms = frame_shift
+    opts.frame_opts.dither = dither
+    opts.frame_opts.snip_edges = True
+    opts.mel_opts.num_bins = num_mel_bins
+    fbank = knf.OnlineFbank(opts)
+    fbank.accept_waveform(sample["sample_rate"], sample["waveform"] * INT16_SCALE)
+    fbank.input_finished()
+    num_frames = fbank.num_frames_ready
+    if num_frames == 0:
+        raise SkipSample("too_short", f"{sample['waveform'].shape[0]} samples is shorter than one frame")
+    feat = torch.from_numpy(np.stack([fbank.get_frame(i) for i in range(num_frames)]))
+    out = {k: v for k, v in sample.items() if k != "waveform"}
+    out["feat"] = feat
+    return out
+
+
+def spec_aug(sample: dict, rng: random.Random, num_t_mask: int = 2, num_f_mask: int = 2, max_t: int = 50,
+             max_f: int = 10) -> dict:
+    """SpecAugment time and frequency masking (Park et al., Interspeech 2019), without time warping.
+
+    Each mask zeroes a band of ``randint(1, max_t)`` frames (or ``randint(1, max_f)`` bins) starting at a
+    uniform position; bands are clipped at the edge. Reads and writes ``feat`` (float32 ``(T, D)``, a copy).
+
+    Raises:
+        ValueError: ``max_t`` or ``max_f`` < 1 while the matching mask count is positive.
+    """
+    feat = sample["feat"].clone()
+    num_frames, num_bins = feat.shape
+    for _ in range(num_t_mask):
+        start = rng.randrange(num_frames)
+        feat[start:start + rng.randint(1, max_t), :] = 0
+    for _ in range(num_f_mask):
+        start = rng.randrange(num_bins)
+        feat[:, start:start + rng.randint(1, max_f)] = 0
+    return dict(sample, feat=feat)
+
+
+def map_skipping(samples: Iterable[dict], fn: Callable[[dict], dict], num_skipped: Counter) -> Iterator[dict]:
+    """Stream step: apply ``fn``; on :class:`SkipSample` log a warning naming the key and count the reason."""
+    for sample in samples:
+        try:
+            yield fn(sample)
+        except SkipSample as skip:
+            key = sample.get("key", sample.get("line", "")[:80])
+            logger.warning("skipping utterance %s: %s (%s)", key, skip.reason, skip.detail)
+            num_skipped[skip.reason] += 1
+
+
+def shuffle(samples: Iterable[dict], rng: random.Random, shuffle_size: int = 1500) -> Iterator[dict]:
+    """Stream step: shuffle within consecutive buffers of ``shuffle_size`` samples."""
+    buffer: List[dict] = []
+    for sample in samples:
+        buffer.append(sample)
+        if len(buffer) >= shuffle_size:
+            rng.shuffle(buffer)
+            yield from buffer
+            buffer = []
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def sort(samples: Iterable[dict], sort_size: int = 500) -> Iterator[dict]:
+    """Stream step: sort by number of frames (``feat.size(0)``) within buffers of ``sort_size`` samples,
+    so that batches hold similar lengths and waste less padding."""
+    buffer: List[dict] = []
+    for sample in samples:
+        buffer.append(sample)
+        if len(buffer) >= sort_size:
+            yield from sorted(buffer, key=lambda s: s["feat"].size(0))
+            buffer = []
+    yield from sorted(buffer, key=lambda s: s["feat"].size(0))
+
+
+def static_batch(samples: Iterable[dict], batch_size: int = 16) -> Iterator[List[dict]]:
+    """Stream step: groups of ``batch_size`` samples (the last one may be smaller)."""
+    buffer: List[dict] = []
+    for sample in samples:
+        buffer.append(sample)
+        if len(buffer) >= batch_size:
+            yield buffer
+            buffer = []
+    if buffer:
+        yield buffer
+
+
+def dynamic_batch(samples: Iterable[dict], max_frames_in_batch: int = 12000) -> Iterator[List[dict]]:
+    """Stream step: groups whose padded size ``B * max(T)`` stays within ``max_frames_in_batch``.
+
+    A single sample longer than ``max_frames_in_batch`` forms a batch of its own.
+    """
+    buffer: List[dict] = []
+    longest = 0
+    for sample in samples:
+        frames = sample["feat"].size(0)
+        if buffer and max(longest, frames) * (len(buffer) + 1) > max_frames_in_batch:
+            yield buffer
+            buffer, longest = [], 0
+        buffer.append(sample)
+        longest = max(longest, frames)
+    if buffer:
+        yield buffer
+
+
+def collate(samples: List[dict], num_skipped: Dict[str, int], num_mel_bins: int) -> dict:
+    """Pad a list of samples into the batch dict (see :mod:`toolkit.dataset.pipeline`).
+
+    Reads ``key``, ``feat``, ``label``. ``feats`` is zero-padded, ``target`` padded with ``IGNORE_ID``; an
+    empty list gives B=0 tensors of shape ``(0, 0, num_mel_bins)`` and ``(0, 0)``.
+    """
+    if not samples:
+        no_lengths = torch.zeros(0, dtype=torch.int64)
+        return {"keys": [], "feats": torch.zeros(0, 0, num_mel_bins), "feats_lengths": no_lengths,
+                "target": torch.zeros(0, 0, dtype=torch.int64), "target_lengths": no_lengths.clone(),
+                "num_skipped": num_skipped}
+    feats = [s["feat"] for s in samples]
+    labels = [torch.tensor(s["label"], dtype=torch.int64) for s in samples]
+    return {
+        "keys": [s["key"] for s in samples],
+        "feats": pad_sequence(feats, batch_first=True, padding_value=0.0),
+        "feats_lengths": torch.tensor([f.size(0) for f in feats], dtype=torch.int64),
+        "target": pad_sequence(labels, batch_first=True, padding_value=IGNORE_ID),
+        "target_lengths": torch.tensor([t.size(0) for t in labels], dtype=torch.int64),
+        "num_skipped": num_skipped,
+    }
+
+
+def padding(batches: Iterable[List[dict]], num_skipped: Counter, num_mel_bins: int) -> Iterator[dict]:
+    """Stream step: collate batches and attach the skip counts accumulated since the previous batch.
+
+    Each batch is held back until the next one is formed (or the stream ends), so the counts it carries cover
+    everything skipped up to its release and the final batch carries the rest. When every sample was skipped
+    a single B=0 batch carries the counts; consumers must skip B=0 batches after reading ``num_skipped``.
+    ``num_skipped`` is the live counter filled by :func:`map_skipping`; it is emptied on each release.
+    """
+    def release(samples: List[dict]) -> dict:
+        counts = dict(num_skipped)
+        num_skipped.clear()
+        return collate(samples, counts, num_mel_bins)
+
+    pending = None
+    for samples in batches:
+        if pending is not None:
+            yield release(pending)
+        pending = samples
+    if pending is not None or num_skipped:
+        yield release(pending or [])

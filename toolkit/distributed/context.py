@@ -1,0 +1,91 @@
+"""The rank context: read the launcher's environment once and pass it along.
+
+``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``. :func:`init_distributed` reads them exactly once into a :class:`DistContext`; nothing else in the
+toolkit reads these variables. A plain ``python train.py`` (no launcher) gets a one-process group on an in-memory
+store, so the same code path (DDP wrap, collectives) runs for 1 CPU, 8 GPUs or 16 nodes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job.
+
+    Attributes:
+        rank: global rank in ``[0, world_size)``; rank 0 writes shared artifacts.
+        world_size: number of processes in the job (all nodes).
+        local_rank: rank on this node; selects the GPU.
+        local_world_size: processes on this node.
+        backend: ``"nccl"`` on GPU, ``"gloo"`` on CPU.
+        device: the device this rank computes on.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    backend: str = "gloo"
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
+def init_distributed(timeout_s: float = 1800.0) -> DistContext:
+    """Create the default process group from the torchrun environment and return the rank context.
+
+    On CPU each process gets ``cpu_count // local_world_size`` intra-op threads so that ranks on one node do not
+    oversubscribe the cores (torchrun leaves ``OMP_NUM_THREADS`` unset for one process per node).
+
+    Args:
+        timeout_s: process-group timeout in seconds; a collective that waits longer fails instead of hanging.
+    """
+    rank = _env_int("RANK", 0)
+    world_size = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+    use_cuda = torch.cuda.is_available()
+    backend = "nccl" if use_cuda else "gloo"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ or local_world_size == 1:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    ctx = DistContext(rank, world_size, local_rank, local_world_size, backend, device)
+    logging.info("rank %d/%d (local %d/%d) on %s, backend %s", rank, world_size, local_rank, local_world_size,
+                 device, backend)
+    return ctx
+
+
+def destroy_distributed() -> None:
+    """Tear the default process group down; without it gloo runs may abort at interpreter exit."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,97 @@
+"""The engine interface: everything that differs between training back-ends lives behind these verbs.
+
+The executor and ``bin/train.py`` talk to an :class:`Engine` only; the string ``train_engine`` is read once, in
+:func:`toolkit.engine.init_engine`. An engine owns the wrapped model, the optimizer, the LR scheduler and the
+mixed-precision state, and knows how to save and load them.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any, ContextManager
+
+import torch
+import torch.distributed as dist
+
+from toolkit.distributed.context import DistContext
+from toolkit.utils.checkpoint import save_checkpoint
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Engine(abc.ABC):
+    """One training back-end (torch DDP, DeepSpeed).
+
+    Args:
+        ctx: the rank context.
+        dtype: ``"fp32"``, ``"bf16"`` (autocast on CPU and GPU) or ``"fp16"`` (GPU only, with loss scaling).
+        grad_clip: max global L2 norm of the gradients; ``<= 0`` disables clipping (the norm is still reported).
+
+    Raises:
+        ValueError: ``fp16`` requested without a GPU (CPU autocast has no fp16 loss scaling).
+    """
+
+    def __init__(self, ctx: DistContext, dtype: str, grad_clip: float):
+        if dtype == "fp16" and ctx.device.type != "cuda":
+            raise ValueError("train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU")
+        self.ctx = ctx
+        self.dtype = dtype
+        self.grad_clip = grad_clip
+        self.model: torch.nn.Module | None = None
+
+    @abc.abstractmethod
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scheduler: torch.optim.lr_scheduler.LRScheduler) -> torch.nn.Module:
+        """Move ``model`` to the rank's device, wrap it for data parallelism and take ownership of the optimizer and
+        scheduler. Returns the wrapped model (call it for forward)."""
+
+    @property
+    @abc.abstractmethod
+    def module(self) -> torch.nn.Module:
+        """The unwrapped model, for evaluation without collectives and for ``state_dict``."""
+
+    def autocast(self) -> ContextManager:
+        """Mixed-precision context for the forward pass (a no-op for fp32)."""
+        if self.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=PRECISIONS[self.dtype])
+
+    @abc.abstractmethod
+    def accumulate(self, sync: bool) -> ContextManager:
+        """Context around forward+backward of one micro-batch; ``sync=False`` skips the gradient all-reduce
+        (gradient accumulation, ``accum_grad`` > 1)."""
+
+    @abc.abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate ``loss`` (already divided by ``accum_grad``)."""
+
+    @abc.abstractmethod
+    def step(self) -> float:
+        """Clip, take one optimizer and scheduler step, zero the gradients. Returns the pre-clip gradient norm; a
+        non-finite norm skips the update (the norm is still returned so the caller can log it)."""
+
+    @abc.abstractmethod
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients (e.g. an incomplete accumulation at the end of an epoch)."""
+
+    @property
+    def lr(self) -> float:
+        """Current learning rate of the first parameter group."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything to resume: model, optimizer, scheduler and scaler under the keys of
+        :mod:`toolkit.utils.checkpoint`."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; optimizer/scheduler entries are optional."""
+
+    def save(self, path: str, info: dict[str, Any]) -> None:
+        """Collective save: EVERY rank calls it. Global rank 0 writes ``path`` (``.pt``) and its ``.yaml``
+        atomically; a barrier ends it, so no rank runs ahead of a checkpoint that is not on disk yet."""
+        if self.ctx.is_main:
+            save_checkpoint(path, self.state_dict(), info)
+        dist.barrier()

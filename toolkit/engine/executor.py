@@ -1,0 +1,157 @@
+"""The epoch loops: train (with gradient accumulation, clipping, mixed precision, join) and cross-validation.
+
+Batches are the dict documented in :mod:`toolkit.dataset.pipeline`; the model is any module called as
+``model(feats, feats_lengths, target, target_lengths)`` returning a dict with ``"loss"`` (mean over the batch's
+utterances). Statistics are accumulated per rank as sums and reduced across ranks only after the join block, so the
+reported epoch loss is the exact utterance-weighted mean over every rank's data.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from toolkit.distributed.join import FlagJoin
+from toolkit.engine.base import Engine
+
+FRAME_SHIFT_S = 0.01  # fbank frames are 10 ms apart
+MODEL_INPUT_KEYS = ("feats", "feats_lengths", "target", "target_lengths")
+
+
+@dataclass
+class TrainProgress:
+    """Where training stands; saved in each checkpoint's YAML."""
+
+    epoch: int = 0
+    step: int = 0  # optimizer steps taken so far (all epochs)
+
+
+@dataclass
+class EpochStats:
+    """Sums over one epoch (per rank until :meth:`reduce` makes them global)."""
+
+    num_batches: int = 0
+    num_utts: int = 0
+    loss_sum: float = 0.0  # sum over utterances of the per-utterance loss
+    audio_s: float = 0.0
+    skipped: Counter = field(default_factory=Counter)
+    dropped_batches: int = 0  # held by this rank when another rank ran out (see toolkit.distributed.join)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.num_utts, 1)
+
+    def add(self, batch: dict, loss: float | None) -> None:
+        self.skipped.update(batch.get("num_skipped", {}))
+        num_utts = len(batch["keys"])
+        if loss is None or num_utts == 0:
+            return
+        self.num_batches += 1
+        self.num_utts += num_utts
+        self.loss_sum += loss * num_utts
+        self.audio_s += float(batch["feats_lengths"].sum()) * FRAME_SHIFT_S
+
+    def reduce(self) -> "EpochStats":
+        """All ranks: sum the statistics over the job (a collective; never call it inside a join block)."""
+        sums = torch.tensor([self.num_batches, self.num_utts, self.loss_sum, self.audio_s, self.dropped_batches],
+                            dtype=torch.float64)
+        dist.all_reduce(sums)
+        counters: list = [None] * dist.get_world_size()
+        dist.all_gather_object(counters, dict(self.skipped))
+        skipped = Counter()
+        for counter in counters:
+            skipped.update(counter)
+        return EpochStats(int(sums[0]), int(sums[1]), float(sums[2]), float(sums[3]), skipped, int(sums[4]))
+
+
+def _to_device(batch: dict, device: torch.device) -> list[torch.Tensor]:
+    return [batch[key].to(device, non_blocking=True) for key in MODEL_INPUT_KEYS]
+
+
+def train_one_epoch(engine: Engine, join: FlagJoin, dataloader, progress: TrainProgress, train_conf: dict,
+                    writer=None, utts_per_rank_total: int = 0) -> EpochStats:
+    """Train one epoch on this rank's share of the data; returns this rank's (unreduced) statistics.
+
+    Args:
+        engine: a prepared engine (its model is in train mode after this call).
+        join: keeps the ranks in lock-step; every rank takes the same number of steps.
+        dataloader: yields batch dicts; B=0 batches carry only skip counts.
+        progress: updated in place (``step``).
+        train_conf: resolved ``train_conf`` (``accum_grad``, ``log_interval``).
+        writer: rank 0's tensorboard ``SummaryWriter`` or None.
+        utts_per_rank_total: utterances this rank will see over all remaining epochs, for the ETA.
+    """
+    model = engine.model
+    model.train()
+    accum_grad = train_conf["accum_grad"]
+    log_interval = train_conf["log_interval"]
+    stats = EpochStats()
+    start = time.perf_counter()
+    micro = 0  # micro-batches since the last optimizer step
+    engine.zero_grad()
+    for batch in join.iterate(dataloader, on_empty=lambda b: stats.add(b, None)):
+        micro += 1
+        sync = micro == accum_grad
+        with engine.accumulate(sync):
+            with engine.autocast():
+                out = model(*_to_device(batch, engine.ctx.device))
+            engine.backward(out["loss"] / accum_grad)
+        loss = float(out["loss"].detach())
+        stats.add(batch, loss)
+        if not sync:
+            continue
+        micro = 0
+        lr = engine.lr
+        grad_norm = engine.step()
+        progress.step += 1
+        if not math.isfinite(grad_norm):
+            logging.warning("step %d: non-finite grad_norm %s, update skipped", progress.step, grad_norm)
+        if progress.step % log_interval == 0 and engine.ctx.is_main:
+            _log_step(progress, stats, out, loss, lr, grad_norm, time.perf_counter() - start,
+                      utts_per_rank_total, writer)
+    stats.dropped_batches = join.report.dropped
+    engine.zero_grad()  # an incomplete accumulation never leaks into the next epoch
+    return stats
+
+
+def _log_step(progress, stats, out, loss, lr, grad_norm, elapsed, utts_total, writer) -> None:
+    parts = [f"epoch {progress.epoch}", f"step {progress.step}", f"loss {loss:.3f}"]
+    for key in ("loss_ctc", "loss_att", "th_accuracy"):
+        if out.get(key) is not None:
+            parts.append(f"{key} {float(out[key]):.3f}")
+    throughput = stats.audio_s / max(elapsed, 1e-9)
+    parts += [f"lr {lr:.3e}", f"grad_norm {grad_norm:.3f}", f"{throughput:.1f} audio-s/s"]
+    if utts_total > stats.num_utts > 0:
+        eta = elapsed / stats.num_utts * (utts_total - stats.num_utts)
+        parts.append(f"ETA {eta / 60:.1f} min")
+    logging.info(" | ".join(parts))
+    if writer is not None:
+        writer.add_scalar("train/loss", loss, progress.step)
+        writer.add_scalar("train/lr", lr, progress.step)
+        writer.add_scalar("train/grad_norm", grad_norm, progress.step)
+        for key in ("loss_ctc", "loss_att", "th_accuracy"):
+            if out.get(key) is not None:
+                writer.add_scalar(f"train/{key}", float(out[key]), progress.step)
+
+
+@torch.no_grad()
+def cross_validate(engine: Engine, dataloader) -> EpochStats:
+    """Loss over this rank's share of the CV data, then reduced over all ranks (exact: sums, not averages of
+    averages). Uses the unwrapped model, so uneven CV shards need no join."""
+    model = engine.module
+    model.eval()
+    stats = EpochStats()
+    for batch in dataloader:
+        if len(batch["keys"]) == 0:
+            stats.add(batch, None)
+            continue
+        with engine.autocast():
+            out = model(*_to_device(batch, engine.ctx.device))
+        stats.add(batch, float(out["loss"]))
+    return stats.reduce()

@@ -1,0 +1,80 @@
+"""Build an ASRModel from the YAML training config.
+
+Each ``name: value`` entry selects a class and its ``name_conf:`` dict supplies keyword
+arguments, checked against the constructor so a typo fails loudly instead of being ignored.
+"""
+import inspect
+
+from toolkit.models.transformer.asr_model import ASRModel
+from toolkit.models.transformer.cmvn import GlobalCMVN, load_global_cmvn
+from toolkit.models.transformer.ctc import CTC
+from toolkit.models.transformer.decoder import TransformerDecoder
+from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
+
+ENCODERS = {"conformer": ConformerEncoder, "transformer": TransformerEncoder}
+DECODERS = {"transformer": TransformerDecoder}
+CMVNS = ("global_cmvn",)
+
+# Filled in by init_model from other config entries, never from a *_conf dict.
+_DERIVED_KWARGS = {"input_size", "global_cmvn", "vocab_size", "encoder_output_size", "encoder",
+                   "decoder", "ctc"}
+
+
+def _checked_conf(section: str, cls: type, conf: dict | None) -> dict:
+    """Return ``conf`` (or {}) after checking every key is a constructor keyword of ``cls``.
+
+    Raises:
+        ValueError: a key that ``cls`` does not accept, listing the accepted ones.
+    """
+    conf = dict(conf or {})
+    valid = sorted(set(inspect.signature(cls).parameters) - _DERIVED_KWARGS)
+    unknown = sorted(set(conf) - set(valid))
+    if unknown:
+        raise ValueError(f"{section}: unknown key(s) {unknown} for {cls.__name__}; valid: {valid}")
+    return conf
+
+
+def _lookup(section: str, name: str, table: dict) -> type:
+    if name not in table:
+        raise ValueError(f"{section}: unknown name {name!r}; valid: {sorted(table)}")
+    return table[name]
+
+
+def init_model(configs: dict) -> ASRModel:
+    """Instantiate the model described by a training config.
+
+    Args:
+        configs: dict with ``input_dim`` (fbank bins D), ``output_dim`` (vocabulary size V),
+            ``cmvn`` (``global_cmvn`` or None) and ``cmvn_conf: {cmvn_file}``, ``encoder``
+            (conformer|transformer) and ``encoder_conf``, ``decoder`` (transformer) and
+            ``decoder_conf``, and ``model_conf`` (ctc_weight, lsm_weight,
+            length_normalized_loss).
+
+    Returns:
+        A freshly initialised ASRModel (training mode).
+
+    Raises:
+        ValueError: unknown encoder/decoder/cmvn name or unknown ``*_conf`` key (the message
+            lists the valid ones). KeyError: ``input_dim`` or ``output_dim`` missing.
+            OSError: unreadable CMVN file.
+    """
+    input_dim = configs["input_dim"]
+    vocab_size = configs["output_dim"]
+    global_cmvn = None
+    cmvn = configs.get("cmvn")
+    if cmvn is not None:
+        if cmvn not in CMVNS:
+            raise ValueError(f"cmvn: unknown name {cmvn!r}; valid: {list(CMVNS)} or null")
+        global_cmvn = GlobalCMVN(*load_global_cmvn(configs["cmvn_conf"]["cmvn_file"]))
+
+    encoder_cls = _lookup("encoder", configs.get("encoder", "conformer"), ENCODERS)
+    encoder = encoder_cls(input_dim, global_cmvn=global_cmvn,
+                          **_checked_conf("encoder_conf", encoder_cls,
+                                          configs.get("encoder_conf")))
+    decoder_cls = _lookup("decoder", configs.get("decoder", "transformer"), DECODERS)
+    decoder = decoder_cls(vocab_size, encoder.output_size(),
+                          **_checked_conf("decoder_conf", decoder_cls,
+                                          configs.get("decoder_conf")))
+    ctc = CTC(vocab_size, encoder.output_size())
+    model_conf = _checked_conf("model_conf", ASRModel, configs.get("model_conf"))
+    return ASRModel(vocab_size, encoder, decoder, ctc, **model_conf)

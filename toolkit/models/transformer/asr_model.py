@@ -1,0 +1,169 @@
+"""Hybrid CTC/attention encoder-decoder ASR model (Watanabe et al., 2017, "Hybrid CTC/Attention
+Architecture for End-to-End Speech Recognition", IEEE JSTSP; Kim et al., 2017,
+arXiv:1609.06773)."""
+from typing import Optional
+
+import torch
+from torch import nn
+
+from toolkit.models.transformer.ctc import CTC
+from toolkit.models.transformer.decoder import TransformerDecoder
+from toolkit.models.transformer.encoder import BaseEncoder
+from toolkit.models.transformer.label_smoothing_loss import LabelSmoothingLoss
+from toolkit.models.transformer.search import (attention_beam_search, attention_rescoring,
+                                               ctc_greedy_search, ctc_prefix_beam_search)
+from toolkit.utils.common import IGNORE_ID
+from toolkit.utils.mask import make_pad_mask
+
+DECODING_METHODS = ("ctc_greedy_search", "ctc_prefix_beam_search", "attention",
+                    "attention_rescoring")
+
+
+def add_sos_eos(ys_pad: torch.Tensor, ys_lens: torch.Tensor, sos: int, eos: int,
+                ignore_id: int = IGNORE_ID) -> tuple[torch.Tensor, torch.Tensor]:
+    """Build teacher-forcing decoder input and output.
+
+    Example: tokens [7, 8] (sos = eos = 9) -> input [9, 7, 8], output [7, 8, 9].
+
+    Args:
+        ys_pad: int64 (B, L) tokens padded with ``ignore_id``.
+        ys_lens: int64 (B,) token counts.
+
+    Returns:
+        ys_in_pad: int64 (B, L+1) ``sos`` + tokens, padded with ``eos`` (a valid embedding index).
+        ys_out_pad: int64 (B, L+1) tokens + ``eos``, padded with ``ignore_id``.
+    """
+    pad = make_pad_mask(ys_lens, ys_pad.size(1))
+    column = ys_pad.new_full((ys_pad.size(0), 1), sos)
+    ys_in = torch.cat([column, ys_pad.masked_fill(pad, eos)], dim=1)
+    ys_out = torch.cat([ys_pad.masked_fill(pad, ignore_id), column.fill_(ignore_id)], dim=1)
+    ys_out.scatter_(1, ys_lens.unsqueeze(1), eos)
+    return ys_in, ys_out
+
+
+class ASRModel(nn.Module):
+    """Encoder + CTC head + attention decoder, trained with
+    loss = ctc_weight * loss_ctc + (1 - ctc_weight) * loss_att.
+
+    Args:
+        vocab_size: V; ``<sos/eos>`` = V - 1.
+        encoder: TransformerEncoder or ConformerEncoder.
+        decoder: TransformerDecoder.
+        ctc: CTC head.
+        ctc_weight: in [0, 1]; 1.0 skips the decoder loss, 0.0 skips the CTC loss.
+        lsm_weight: label smoothing of the attention loss.
+        length_normalized_loss: normalise the attention loss per token instead of per utterance.
+
+    Raises:
+        ValueError: ``ctc_weight`` outside [0, 1].
+    """
+
+    def __init__(self, vocab_size: int, encoder: BaseEncoder, decoder: TransformerDecoder,
+                 ctc: CTC, ctc_weight: float = 0.5, lsm_weight: float = 0.0,
+                 length_normalized_loss: bool = False):
+        super().__init__()
+        if not 0.0 <= ctc_weight <= 1.0:
+            raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
+        self.vocab_size = vocab_size
+        self.sos = vocab_size - 1
+        self.eos = vocab_size - 1
+        self.ctc_weight = ctc_weight
+        self.encoder = encoder
+        self.decoder = decoder
+        self.ctc = ctc
+        self.criterion_att = LabelSmoothingLoss(vocab_size, lsm_weight, IGNORE_ID,
+                                                length_normalized_loss)
+
+    def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor, target: torch.Tensor,
+                target_lengths: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
+        """Training loss for a batch.
+
+        Args:
+            feats: float32 (B, T, D) fbank, zero-padded, 10 ms frames.
+            feats_lengths: int64 (B,).
+            target: int64 (B, L) token ids padded with IGNORE_ID.
+            target_lengths: int64 (B,).
+
+        Returns:
+            {"loss": scalar, "loss_ctc": scalar or None, "loss_att": scalar or None,
+            "th_accuracy": float32 scalar (teacher-forced token accuracy, no grad) or None}.
+        """
+        encoder_out, encoder_mask = self.encoder(feats, feats_lengths)
+        encoder_lens = encoder_mask.squeeze(1).sum(dim=1)
+        loss_ctc = loss_att = th_accuracy = None
+        if self.ctc_weight > 0.0:
+            loss_ctc = self.ctc(encoder_out, encoder_lens, target, target_lengths)
+        if self.ctc_weight < 1.0:
+            loss_att, th_accuracy = self._attention_loss(encoder_out, encoder_mask, target,
+                                                         target_lengths)
+        if loss_ctc is None:
+            loss = loss_att
+        elif loss_att is None:
+            loss = loss_ctc
+        else:
+            loss = self.ctc_weight * loss_ctc + (1.0 - self.ctc_weight) * loss_att
+        return {"loss": loss, "loss_ctc": loss_ctc, "loss_att": loss_att,
+                "th_accuracy": th_accuracy}
+
+    def _attention_loss(self, encoder_out: torch.Tensor, encoder_mask: torch.Tensor,
+                        target: torch.Tensor, target_lengths: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Label-smoothed decoder loss and teacher-forced accuracy over non-ignored tokens."""
+        ys_in, ys_out = add_sos_eos(target, target_lengths, self.sos, self.eos)
+        logits = self.decoder(encoder_out, encoder_mask, ys_in, target_lengths + 1)
+        loss_att = self.criterion_att(logits, ys_out)
+        with torch.no_grad():
+            valid = ys_out != IGNORE_ID
+            correct = ((logits.argmax(dim=2) == ys_out) & valid).sum()
+            th_accuracy = correct.float() / valid.sum().clamp(min=1)
+        return loss_att, th_accuracy
+
+    def decode(self, methods: list[str], feats: torch.Tensor, feats_lengths: torch.Tensor,
+               beam_size: int = 10, ctc_weight: float = 0.5, length_penalty: float = 0.0
+               ) -> dict[str, list[list[int]]]:
+        """Recognise a batch with one or more decoding methods, running the encoder once.
+
+        Call ``model.eval()`` first: dropout and BatchNorm follow the module's mode.
+
+        Args:
+            methods: names from DECODING_METHODS.
+            feats: float32 (B, T, D) fbank; feats_lengths: int64 (B,).
+            beam_size: beam for prefix beam search, attention and attention rescoring.
+            ctc_weight: weight of the CTC prefix score in attention rescoring.
+            length_penalty: per-token bonus in attention and attention rescoring.
+
+        Returns:
+            {method: B token-id lists in batch order}.
+
+        Raises:
+            ValueError: an unknown method name.
+        """
+        unknown = [m for m in methods if m not in DECODING_METHODS]
+        if unknown:
+            raise ValueError(
+                f"unknown decoding method(s) {unknown}; valid: {list(DECODING_METHODS)}")
+        results: dict[str, list[list[int]]] = {}
+        with torch.no_grad():
+            encoder_out, encoder_mask = self.encoder(feats, feats_lengths)
+            lengths = encoder_mask.squeeze(1).sum(dim=1)
+            if "attention" in methods:
+                results["attention"] = attention_beam_search(
+                    self.decoder, encoder_out, encoder_mask, self.sos, self.eos, beam_size,
+                    length_penalty)
+            need_nbest = "ctc_prefix_beam_search" in methods or "attention_rescoring" in methods
+            if "ctc_greedy_search" in methods or need_nbest:
+                ctc_log_probs = self.ctc.log_softmax(encoder_out)
+            if "ctc_greedy_search" in methods:
+                results["ctc_greedy_search"] = ctc_greedy_search(ctc_log_probs, lengths)
+            if need_nbest:
+                nbests = [ctc_prefix_beam_search(ctc_log_probs[i, :length], beam_size)
+                          for i, length in enumerate(lengths.tolist())]
+                if "ctc_prefix_beam_search" in methods:
+                    results["ctc_prefix_beam_search"] = [nbest[0][0] for nbest in nbests]
+                if "attention_rescoring" in methods:
+                    results["attention_rescoring"] = [
+                        attention_rescoring(self.decoder, encoder_out[i:i + 1, :length],
+                                            encoder_mask[i:i + 1, :, :length], nbest, self.sos,
+                                            self.eos, ctc_weight, length_penalty)
+                        for i, (nbest, length) in enumerate(zip(nbests, lengths.tolist()))]
+        return results

@@ -1,0 +1,144 @@
+"""Multi-head attention (Vaswani et al., 2017, arXiv:1706.03762) and its relative-position
+variant from Transformer-XL (Dai et al., 2019, arXiv:1901.02860) as used in Conformer
+(Gulati et al., 2020, arXiv:2005.08100).
+
+Masks are boolean and True where a key takes part: (B, 1, T2) for padding only, or (B, T1, T2)
+when queries see different keys (causal decoding).
+"""
+import math
+
+import torch
+from torch import nn
+
+
+class MultiHeadedAttention(nn.Module):
+    """Scaled dot-product attention over ``n_head`` heads.
+
+    Args:
+        n_head: number of heads H.
+        n_feat: model size D, split into H heads of D / H.
+        dropout_rate: dropout on the attention weights.
+
+    Raises:
+        ValueError: ``n_feat`` is not divisible by ``n_head``.
+    """
+
+    def __init__(self, n_head: int, n_feat: int, dropout_rate: float):
+        super().__init__()
+        if n_feat % n_head:
+            raise ValueError(f"n_feat {n_feat} is not divisible by n_head {n_head}")
+        self.d_k = n_feat // n_head
+        self.h = n_head
+        self.linear_q = nn.Linear(n_feat, n_feat)
+        self.linear_k = nn.Linear(n_feat, n_feat)
+        self.linear_v = nn.Linear(n_feat, n_feat)
+        self.linear_out = nn.Linear(n_feat, n_feat)
+        self.dropout = nn.Dropout(p=dropout_rate)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 (B, T, D) -> (B, H, T, D / H)."""
+        return x.view(x.size(0), -1, self.h, self.d_k).transpose(1, 2)
+
+    def forward_attention(self, value: torch.Tensor, scores: torch.Tensor,
+                          mask: torch.Tensor) -> torch.Tensor:
+        """Masked softmax over keys, weighted sum of values, output projection.
+
+        Args:
+            value: float32 (B, H, T2, D / H).
+            scores: float32 (B, H, T1, T2), already scaled.
+            mask: bool (B, 1, T2) or (B, T1, T2), True where a key takes part.
+
+        Returns:
+            float32 (B, T1, D).
+        """
+        masked_out = ~mask.unsqueeze(1)
+        scores = scores.masked_fill(masked_out, float("-inf"))
+        # A query with no valid key (e.g. a zero-length sequence) has an all -inf row whose
+        # softmax is NaN; zeroing masked weights afterwards turns that row into zeros.
+        attn = torch.softmax(scores, dim=-1).masked_fill(masked_out, 0.0)
+        x = torch.matmul(self.dropout(attn), value)
+        x = x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_k)
+        return self.linear_out(x)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: float32 (B, T1, D).
+            key, value: float32 (B, T2, D).
+            mask: bool (B, 1, T2) or (B, T1, T2), True where a key takes part.
+            pos_emb: ignored here; present so both attention classes share one signature.
+
+        Returns:
+            float32 (B, T1, D).
+        """
+        q = self.split_heads(self.linear_q(query))
+        k = self.split_heads(self.linear_k(key))
+        v = self.split_heads(self.linear_v(value))
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.d_k)
+        return self.forward_attention(v, scores, mask)
+
+
+def rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """Turn scores against relative distances into scores against key positions.
+
+    Args:
+        x: float32 (B, H, T1, 2*T1 - 1); column k holds distance T1 - 1 - k (as ordered by
+            RelPositionalEncoding).
+
+    Returns:
+        float32 (B, H, T1, T1) with out[..., i, j] = x[..., i, T1 - 1 - i + j], i.e. the score
+        for distance i - j.
+    """
+    x = x.contiguous()
+    batch, heads, time, width = x.size()
+    # Row i of the (time, width) block starts i * width + (time - 1 - i) elements into it, so
+    # rows are width - 1 apart and never overlap; a strided view avoids any copy.
+    return x.as_strided((batch, heads, time, time),
+                        (x.stride(0), x.stride(1), width - 1, 1),
+                        x.storage_offset() + time - 1)
+
+
+class RelPositionMultiHeadedAttention(MultiHeadedAttention):
+    """Self-attention with relative positional encoding and learned biases ``pos_bias_u`` (content)
+    and ``pos_bias_v`` (position), following Transformer-XL section 3.3:
+    score(i, j) = (q_i + u) k_j + (q_i + v) W_pos r_{i-j}.
+
+    Args:
+        n_head, n_feat, dropout_rate: as :class:`MultiHeadedAttention`.
+
+    Raises:
+        ValueError: ``n_feat`` is not divisible by ``n_head``.
+    """
+
+    def __init__(self, n_head: int, n_feat: int, dropout_rate: float):
+        super().__init__(n_head, n_feat, dropout_rate)
+        self.linear_pos = nn.Linear(n_feat, n_feat, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.empty(self.h, self.d_k))
+        self.pos_bias_v = nn.Parameter(torch.empty(self.h, self.d_k))
+        nn.init.xavier_uniform_(self.pos_bias_u)
+        nn.init.xavier_uniform_(self.pos_bias_v)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
+        """Self-attention with relative positions.
+
+        Args:
+            query, key, value: float32 (B, T, D) (the same length T: self-attention only).
+            mask: bool (B, 1, T) or (B, T, T), True where a key takes part.
+            pos_emb: float32 (1, 2T-1, D) from RelPositionalEncoding.
+
+        Returns:
+            float32 (B, T, D).
+        """
+        q = self.linear_q(query).view(query.size(0), -1, self.h, self.d_k)
+        k = self.split_heads(self.linear_k(key))
+        v = self.split_heads(self.linear_v(value))
+        p = self.split_heads(self.linear_pos(pos_emb))
+        q_u = (q + self.pos_bias_u).transpose(1, 2)
+        q_v = (q + self.pos_bias_v).transpose(1, 2)
+        matrix_ac = torch.matmul(q_u, k.transpose(-2, -1))
+        matrix_bd = rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))
+        scores = (matrix_ac + matrix_bd) / math.sqrt(self.d_k)
+        return self.forward_attention(v, scores, mask)

@@ -1,0 +1,100 @@
+"""Attention decoder of the hybrid CTC/attention model (Vaswani et al., 2017,
+arXiv:1706.03762; Watanabe et al., 2017, hybrid CTC/attention)."""
+from typing import Optional
+
+import torch
+from torch import nn
+
+from toolkit.models.transformer.attention import MultiHeadedAttention
+from toolkit.models.transformer.decoder_layer import DecoderLayer
+from toolkit.models.transformer.embedding import PositionalEncoding
+from toolkit.models.transformer.positionwise_feed_forward import PositionwiseFeedForward
+from toolkit.utils.mask import make_pad_mask, subsequent_mask
+
+
+class TransformerDecoder(nn.Module):
+    """Token embedding, absolute positional encoding, N decoder layers, final LayerNorm, output
+    linear. Keyword arguments after ``encoder_output_size`` equal the ``decoder_conf`` keys.
+
+    Args:
+        vocab_size: V, including ``<blank>``, ``<unk>`` and ``<sos/eos>``.
+        encoder_output_size: model size D (the decoder works at the encoder's size).
+        attention_heads, linear_units, num_blocks: heads, FFN inner size, number of layers.
+        dropout_rate: dropout in the layers; positional_dropout_rate: after positional encoding.
+        self_attention_dropout_rate, src_attention_dropout_rate: dropout on attention weights.
+        normalize_before: pre-norm layers.
+    """
+
+    def __init__(self, vocab_size: int, encoder_output_size: int, attention_heads: int = 4,
+                 linear_units: int = 2048, num_blocks: int = 6, dropout_rate: float = 0.1,
+                 positional_dropout_rate: float = 0.1, self_attention_dropout_rate: float = 0.0,
+                 src_attention_dropout_rate: float = 0.0, normalize_before: bool = True):
+        super().__init__()
+        size = encoder_output_size
+        self.embed = nn.Embedding(vocab_size, size)
+        self.pos_enc = PositionalEncoding(size, positional_dropout_rate)
+        self.decoders = nn.ModuleList([
+            DecoderLayer(size,
+                         MultiHeadedAttention(attention_heads, size, self_attention_dropout_rate),
+                         MultiHeadedAttention(attention_heads, size, src_attention_dropout_rate),
+                         PositionwiseFeedForward(size, linear_units, dropout_rate, nn.ReLU()),
+                         dropout_rate, normalize_before)
+            for _ in range(num_blocks)])
+        self.normalize_before = normalize_before
+        self.after_norm = nn.LayerNorm(size, eps=1e-12) if normalize_before else None
+        self.output_layer = nn.Linear(size, vocab_size)
+
+    def forward(self, memory: torch.Tensor, memory_mask: torch.Tensor, ys_in_pad: torch.Tensor,
+                ys_in_lens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced pass over whole token sequences.
+
+        Args:
+            memory: float32 (B, T', D) encoder output.
+            memory_mask: bool (B, 1, T'), True at valid encoder frames.
+            ys_in_pad: int64 (B, L) decoder input (``<sos>`` + tokens), padding any valid id.
+            ys_in_lens: int64 (B,) valid lengths of ``ys_in_pad``.
+
+        Returns:
+            float32 (B, L, V) logits; rows at padded steps are unspecified.
+        """
+        length = ys_in_pad.size(1)
+        tgt_mask = (~make_pad_mask(ys_in_lens, length).unsqueeze(1)
+                    & subsequent_mask(length, ys_in_pad.device).unsqueeze(0))
+        x, _ = self.pos_enc(self.embed(ys_in_pad))
+        for layer in self.decoders:
+            x = layer(x, tgt_mask, memory, memory_mask)
+        if self.after_norm is not None:
+            x = self.after_norm(x)
+        return self.output_layer(x)
+
+    @torch.jit.export
+    def forward_one_step(self, memory: torch.Tensor, memory_mask: torch.Tensor,
+                         tgt: torch.Tensor, cache: Optional[list[torch.Tensor]] = None
+                         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Score the next token for each prefix, reusing per-layer states of earlier steps.
+
+        Args:
+            memory: float32 (N, T', D) encoder output.
+            memory_mask: bool (N, 1, T'), True at valid encoder frames.
+            tgt: int64 (N, L) prefixes starting with ``<sos>`` (no padding).
+            cache: per-layer float32 (N, L-1, D) states returned by the previous step, or None
+                at the first step (or to recompute everything).
+
+        Returns:
+            log_probs: float32 (N, V) log-softmax for step L+1.
+            new_cache: per-layer float32 (N, L, D) states for the next call.
+        """
+        length = tgt.size(1)
+        tgt_mask = subsequent_mask(length, tgt.device).unsqueeze(0)
+        x, _ = self.pos_enc(self.embed(tgt))
+        new_cache: list[torch.Tensor] = []
+        for i, layer in enumerate(self.decoders):
+            layer_cache: Optional[torch.Tensor] = None
+            if cache is not None:
+                layer_cache = cache[i]
+            x = layer(x, tgt_mask, memory, memory_mask, layer_cache)
+            new_cache.append(x)
+        last = x[:, -1]
+        if self.after_norm is not None:
+            last = self.after_norm(last)
+        return torch.log_softmax(self.output_layer(last), dim=-1), new_cache

@@ -1,0 +1,134 @@
+"""Encoder blocks: Transformer (Vaswani et al., 2017, arXiv:1706.03762) and Conformer
+(Gulati et al., 2020, arXiv:2005.08100, section 2.4, equation 1)."""
+from typing import Optional
+
+import torch
+from torch import nn
+
+from toolkit.models.transformer.convolution import ConvolutionModule
+from toolkit.models.transformer.positionwise_feed_forward import PositionwiseFeedForward
+
+
+class TransformerEncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each in a residual branch with LayerNorm.
+
+    Args:
+        size: model size D.
+        self_attn: MultiHeadedAttention or RelPositionMultiHeadedAttention.
+        feed_forward: PositionwiseFeedForward.
+        dropout_rate: dropout on each branch output before the residual addition.
+        normalize_before: pre-norm (True, more stable) or post-norm (the original paper).
+    """
+
+    def __init__(self, size: int, self_attn: nn.Module, feed_forward: PositionwiseFeedForward,
+                 dropout_rate: float, normalize_before: bool = True):
+        super().__init__()
+        self.self_attn = self_attn
+        self.feed_forward = feed_forward
+        self.norm1 = nn.LayerNorm(size, eps=1e-12)
+        self.norm2 = nn.LayerNorm(size, eps=1e-12)
+        self.dropout = nn.Dropout(dropout_rate)
+        self.normalize_before = normalize_before
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
+                mask_pad: torch.Tensor) -> torch.Tensor:
+        """Args:
+            x: float32 (B, T, D).
+            mask: bool (B, 1, T) or (B, T, T), True where a key takes part.
+            pos_emb: float32 positional embedding for the attention (ignored by the absolute one).
+            mask_pad: bool (B, 1, T), True at valid frames (unused; shared layer signature).
+
+        Returns:
+            float32 (B, T, D).
+        """
+        residual = x
+        if self.normalize_before:
+            x = self.norm1(x)
+        x = residual + self.dropout(self.self_attn(x, x, x, mask, pos_emb))
+        if not self.normalize_before:
+            x = self.norm1(x)
+        residual = x
+        if self.normalize_before:
+            x = self.norm2(x)
+        x = residual + self.dropout(self.feed_forward(x))
+        if not self.normalize_before:
+            x = self.norm2(x)
+        return x
+
+
+class ConformerEncoderLayer(nn.Module):
+    """Conformer block: 1/2 FFN (macaron), MHSA, convolution module, 1/2 FFN, final LayerNorm.
+
+    Args:
+        size: model size D.
+        self_attn: attention module (RelPositionMultiHeadedAttention in the paper).
+        feed_forward: the second (or only) feed-forward module.
+        feed_forward_macaron: the first feed-forward module, or None for a single full-step FFN.
+        conv_module: ConvolutionModule, or None to drop the convolution branch.
+        dropout_rate: dropout on each branch output before the residual addition.
+        normalize_before: pre-norm per branch (the paper) or post-norm.
+    """
+
+    def __init__(self, size: int, self_attn: nn.Module, feed_forward: PositionwiseFeedForward,
+                 feed_forward_macaron: Optional[PositionwiseFeedForward],
+                 conv_module: Optional[ConvolutionModule], dropout_rate: float,
+                 normalize_before: bool = True):
+        super().__init__()
+        self.self_attn = self_attn
+        self.feed_forward = feed_forward
+        self.feed_forward_macaron = feed_forward_macaron
+        self.conv_module = conv_module
+        self.norm_ff = nn.LayerNorm(size, eps=1e-12)
+        self.norm_mha = nn.LayerNorm(size, eps=1e-12)
+        # Norms of absent branches are not created: parameters that never get a gradient break
+        # DistributedDataParallel without find_unused_parameters.
+        self.norm_ff_macaron = (nn.LayerNorm(size, eps=1e-12)
+                                if feed_forward_macaron is not None else None)
+        self.norm_conv = nn.LayerNorm(size, eps=1e-12) if conv_module is not None else None
+        self.norm_final = nn.LayerNorm(size, eps=1e-12)
+        # Macaron-Net halves each FFN step so the two FFNs together make one full step.
+        self.ff_scale = 0.5 if feed_forward_macaron is not None else 1.0
+        self.dropout = nn.Dropout(dropout_rate)
+        self.normalize_before = normalize_before
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
+                mask_pad: torch.Tensor) -> torch.Tensor:
+        """Args:
+            x: float32 (B, T, D).
+            mask: bool (B, 1, T) or (B, T, T), True where a key takes part.
+            pos_emb: float32 (1, 2T-1, D) relative or (1, T, D) absolute positional embedding.
+            mask_pad: bool (B, 1, T), True at valid frames (for the convolution module).
+
+        Returns:
+            float32 (B, T, D).
+        """
+        if self.feed_forward_macaron is not None and self.norm_ff_macaron is not None:
+            residual = x
+            if self.normalize_before:
+                x = self.norm_ff_macaron(x)
+            x = residual + self.ff_scale * self.dropout(self.feed_forward_macaron(x))
+            if not self.normalize_before:
+                x = self.norm_ff_macaron(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.norm_mha(x)
+        x = residual + self.dropout(self.self_attn(x, x, x, mask, pos_emb))
+        if not self.normalize_before:
+            x = self.norm_mha(x)
+
+        if self.conv_module is not None and self.norm_conv is not None:
+            residual = x
+            if self.normalize_before:
+                x = self.norm_conv(x)
+            x = residual + self.dropout(self.conv_module(x, mask_pad))
+            if not self.normalize_before:
+                x = self.norm_conv(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.norm_ff(x)
+        x = residual + self.ff_scale * self.dropout(self.feed_forward(x))
+        if not self.normalize_before:
+            x = self.norm_ff(x)
+        return self.norm_final(x)

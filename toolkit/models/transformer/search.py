@@ -1,0 +1,199 @@
+"""Decoding algorithms for the hybrid CTC/attention model, as plain functions.
+
+- CTC greedy search: best token per frame, merge repeats, drop blanks (Graves et al., 2006).
+- CTC prefix beam search: sum over alignments of each label prefix (Graves, 2012, "Supervised
+  Sequence Labelling", section 7.5; Hannun et al., 2014, arXiv:1408.2873).
+- Attention beam search: left-to-right beam search with the attention decoder.
+- Attention rescoring: CTC prefix beam n-best rescored by the attention decoder (as in WeNet,
+  Yao et al., 2021, arXiv:2102.01547, section 2.2).
+"""
+import heapq
+import math
+from collections import defaultdict
+
+import torch
+
+from toolkit.models.transformer.decoder import TransformerDecoder
+from toolkit.utils.common import BLANK_ID
+
+NEG_INF = float("-inf")
+
+
+def _log_add(*values: float) -> float:
+    """log(sum(exp(values))) without overflow; -inf when every value is -inf."""
+    top = max(values)
+    if top == NEG_INF:
+        return NEG_INF
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def ctc_greedy_search(ctc_log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
+    """Best path decoding, batched.
+
+    Args:
+        ctc_log_probs: float32 (B, T', V) CTC log-posteriors.
+        lengths: int64 (B,) valid frames per utterance.
+
+    Returns:
+        B token-id lists (repeats merged, blanks removed), in batch order.
+    """
+    best = ctc_log_probs.argmax(dim=2).tolist()
+    hyps = []
+    for path, length in zip(best, lengths.tolist()):
+        hyp = []
+        previous = BLANK_ID
+        for token in path[:length]:
+            if token != previous and token != BLANK_ID:
+                hyp.append(token)
+            previous = token
+        hyps.append(hyp)
+    return hyps
+
+
+def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int
+                           ) -> list[tuple[list[int], float]]:
+    """Prefix beam search over one utterance.
+
+    Each prefix keeps two log-probabilities: all alignments so far ending in blank, and those
+    ending in its last token; a repeated token extends the prefix only after a blank. Per frame
+    only the ``beam_size`` most likely tokens are expanded.
+
+    Args:
+        ctc_log_probs: float32 (T', V) CTC log-posteriors of the valid frames only.
+        beam_size: number of prefixes kept (and tokens expanded) per frame, >= 1.
+
+    Returns:
+        Up to ``beam_size`` (token ids, log P(prefix | x)) pairs, best first.
+
+    Raises:
+        ValueError: ``beam_size`` < 1.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    top_k = min(beam_size, ctc_log_probs.size(1))
+    top_values, top_ids = ctc_log_probs.topk(top_k, dim=1)
+    beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, NEG_INF)}
+    for values, ids in zip(top_values.tolist(), top_ids.tolist()):
+        next_beams: dict[tuple[int, ...], list[float]] = defaultdict(lambda: [NEG_INF, NEG_INF])
+        for prefix, (p_blank, p_token) in beams.items():
+            last = prefix[-1] if prefix else None
+            for log_p, token in zip(values, ids):
+                if token == BLANK_ID:
+                    entry = next_beams[prefix]
+                    entry[0] = _log_add(entry[0], p_blank + log_p, p_token + log_p)
+                elif token == last:
+                    entry = next_beams[prefix]
+                    entry[1] = _log_add(entry[1], p_token + log_p)
+                    entry = next_beams[prefix + (token,)]
+                    entry[1] = _log_add(entry[1], p_blank + log_p)
+                else:
+                    entry = next_beams[prefix + (token,)]
+                    entry[1] = _log_add(entry[1], p_blank + log_p, p_token + log_p)
+        best = heapq.nlargest(beam_size, next_beams.items(), key=lambda kv: _log_add(*kv[1]))
+        beams = {prefix: (probs[0], probs[1]) for prefix, probs in best}
+    return [(list(prefix), _log_add(*probs)) for prefix, probs in beams.items()]
+
+
+def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,
+                          memory_mask: torch.Tensor, sos: int, eos: int, beam_size: int,
+                          length_penalty: float = 0.0) -> list[list[int]]:
+    """Beam search with the attention decoder, batched over B * beam_size hypotheses.
+
+    Finished hypotheses (last token ``eos``) stay in the beam and can only be extended by
+    ``eos`` at no cost. The search stops when all are finished or after T' steps.
+
+    Args:
+        decoder: attention decoder (``forward_one_step`` is used with its cache).
+        memory: float32 (B, T', D) encoder output.
+        memory_mask: bool (B, 1, T'), True at valid frames.
+        sos, eos: start and end token ids.
+        beam_size: hypotheses kept per utterance, >= 1.
+        length_penalty: added to the score per emitted token (> 0 favours longer outputs).
+
+    Returns:
+        B token-id lists without ``sos``/``eos``, in batch order.
+    """
+    batch, max_len = memory.size(0), memory.size(1)
+    device = memory.device
+    memory = memory.repeat_interleave(beam_size, dim=0)
+    memory_mask = memory_mask.repeat_interleave(beam_size, dim=0)
+    hyps = torch.full((batch * beam_size, 1), sos, dtype=torch.long, device=device)
+    # Only the first copy of each utterance is live at the start, so the first expansion does
+    # not fill the beam with duplicates.
+    scores = torch.full((batch, beam_size), NEG_INF, device=device)
+    scores[:, 0] = 0.0
+    scores = scores.view(-1, 1)
+    finished = torch.zeros(batch * beam_size, 1, dtype=torch.bool, device=device)
+    base = (torch.arange(batch, device=device) * beam_size).unsqueeze(1)
+    cache: list[torch.Tensor] | None = None
+    for _ in range(max_len):
+        if bool(finished.all()):
+            break
+        log_probs, cache = decoder.forward_one_step(memory, memory_mask, hyps, cache)
+        top_k = min(beam_size, log_probs.size(1))
+        top_log_probs, top_ids = log_probs.topk(top_k, dim=1)
+        top_log_probs = top_log_probs + length_penalty * (top_ids != eos)
+        # A finished hypothesis has exactly one continuation: eos with log-prob 0.
+        done_scores = torch.full_like(top_log_probs, NEG_INF)
+        done_scores[:, 0] = 0.0
+        top_log_probs = torch.where(finished, done_scores, top_log_probs)
+        top_ids = top_ids.masked_fill(finished, eos)
+        candidates = (scores + top_log_probs).view(batch, beam_size * top_k)
+        best_scores, best_offsets = candidates.topk(beam_size, dim=1)
+        source = (best_offsets // top_k + base).view(-1)
+        tokens = top_ids.view(batch, beam_size * top_k).gather(1, best_offsets).view(-1, 1)
+        hyps = torch.cat([hyps[source], tokens], dim=1)
+        cache = [layer_cache[source] for layer_cache in cache]
+        scores = best_scores.view(-1, 1)
+        finished = tokens == eos
+    best = scores.view(batch, beam_size).argmax(dim=1) + base.squeeze(1)
+    results = []
+    for row in hyps[best, 1:].tolist():
+        results.append(row[: row.index(eos)] if eos in row else row)
+    return results
+
+
+def attention_rescoring(decoder: TransformerDecoder, memory: torch.Tensor,
+                        memory_mask: torch.Tensor, nbest: list[tuple[list[int], float]],
+                        sos: int, eos: int, ctc_weight: float,
+                        length_penalty: float = 0.0) -> list[int]:
+    """Pick the best of a CTC n-best list for one utterance with one teacher-forced decoder pass.
+
+    score = log P_att(hyp + eos | x) + ctc_weight * log P_ctc(hyp | x) + length_penalty * |hyp|.
+
+    Args:
+        decoder: attention decoder.
+        memory: float32 (1, T', D) encoder output of the utterance.
+        memory_mask: bool (1, 1, T'), True at valid frames.
+        nbest: (token ids, CTC log-prob) pairs from :func:`ctc_prefix_beam_search`.
+        sos, eos: start and end token ids.
+        ctc_weight: weight of the CTC prefix score.
+        length_penalty: added per token.
+
+    Returns:
+        The best token-id list.
+
+    Raises:
+        ValueError: empty ``nbest``.
+    """
+    if not nbest:
+        raise ValueError("attention_rescoring needs a non-empty n-best list")
+    device = memory.device
+    count = len(nbest)
+    lengths = torch.tensor([len(hyp) for hyp, _ in nbest], device=device)
+    width = int(lengths.max()) + 1
+    ys_in = torch.full((count, width), eos, dtype=torch.long, device=device)
+    ys_out = torch.full((count, width), eos, dtype=torch.long, device=device)
+    ys_in[:, 0] = sos
+    for i, (hyp, _) in enumerate(nbest):
+        ys_in[i, 1: len(hyp) + 1] = torch.tensor(hyp, dtype=torch.long)
+        ys_out[i, : len(hyp)] = torch.tensor(hyp, dtype=torch.long)
+    logits = decoder(memory.expand(count, -1, -1), memory_mask.expand(count, -1, -1),
+                     ys_in, lengths + 1)
+    token_scores = logits.log_softmax(dim=2).gather(2, ys_out.unsqueeze(2)).squeeze(2)
+    # Steps after each hypothesis' eos are padding.
+    valid = torch.arange(width, device=device).unsqueeze(0) <= lengths.unsqueeze(1)
+    att_scores = token_scores.masked_fill(~valid, 0.0).sum(dim=1)
+    ctc_scores = torch.tensor([score for _, score in nbest], device=device)
+    total = att_scores + ctc_weight * ctc_scores + length_penalty * lengths
+    return nbest[int(total.argmax())][0]

@@ -1,0 +1,88 @@
+"""Checkpoint file format: ``{tag}.pt`` (torch state) plus ``{tag}.yaml`` (metadata), written atomically.
+
+Each file is written to a temporary name in the same directory, flushed, fsynced and renamed over the final name,
+so a crash at any point leaves either the old file or the new one, never a truncated one. The YAML is written
+after the ``.pt`` and is the commit marker: a ``.pt`` without its YAML is an unfinished save and is never listed.
+
+Keys inside ``{tag}.pt`` (named, so a loader never relies on order):
+    model:      the model ``state_dict`` (unwrapped, fp32 as trained)
+    optimizer:  optimizer ``state_dict``            (absent in averaged/exported models)
+    scheduler:  LR scheduler ``state_dict``          (idem)
+    scaler:     fp16 ``GradScaler`` ``state_dict``    (only with dtype fp16)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tempfile
+from typing import Any, Callable
+
+import torch
+import yaml
+
+MODEL_KEY = "model"
+OPTIMIZER_KEY = "optimizer"
+SCHEDULER_KEY = "scheduler"
+SCALER_KEY = "scaler"
+
+
+def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb") -> None:
+    """Call ``write(fileobj)`` on a temporary file beside ``path``, fsync it and rename it to ``path``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=directory)
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # NOTE: makes the rename itself durable across a power loss.
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(path: str, state: dict[str, Any], info: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` (``.pt``) then ``info`` to the sibling ``.yaml``, each atomically."""
+    atomic_write(path, lambda f: torch.save(state, f))
+    yaml_path = re.sub(r"\.pt$", ".yaml", path)
+    atomic_write(yaml_path, lambda f: yaml.safe_dump(info, f, sort_keys=False), mode="w")
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU.
+
+    Raises:
+        FileNotFoundError: ``path`` or its committed ``.yaml`` is missing (an interrupted save).
+    """
+    yaml_path = re.sub(r"\.pt$", ".yaml", path)
+    if not os.path.exists(yaml_path):
+        raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if MODEL_KEY not in state:
+        raise KeyError(f"{path}: no '{MODEL_KEY}' entry; keys are {sorted(state)}")
+    return state
+
+
+def load_info(path: str) -> dict[str, Any]:
+    """Read the metadata YAML of checkpoint ``path`` (``x.pt`` or ``x.yaml``)."""
+    with open(re.sub(r"\.pt$", ".yaml", path), encoding="utf-8") as f:
+        return yaml.safe_load(f) or {}
+
+
+def list_checkpoints(model_dir: str, pattern: str = "epoch_*.pt") -> list[str]:
+    """Committed checkpoints (those with their ``.yaml``) in ``model_dir`` matching ``pattern``, sorted by epoch/step."""
+    paths = [p for p in glob.glob(os.path.join(model_dir, pattern)) if os.path.exists(p[:-3] + ".yaml")]
+
+    def number(p: str) -> int:
+        m = re.search(r"(\d+)\.pt$", p)
+        return int(m.group(1)) if m else -1
+
+    return sorted(paths, key=number)
