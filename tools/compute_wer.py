@@ -76,11 +76,12 @@ def main():
     parser.add_argument("--per_utt", help="write per-utterance 'key N C S D I' lines here")
     args = parser.parse_args()
     result = score(read_kaldi_text(args.ref), read_kaldi_text(args.hyp), args.cer)
-    if result["missing"]:
-        print(f"{len(result['missing'])} keys missing from hyp (scored as deletions): "
-              f"{' '.join(result['missing'])}", file=sys.stderr)
-    if result["extra"]:
-        print(f"{len(result['extra'])} hyp keys not in ref (ignored): {' '.join(result['extra'])}", file=sys.stderr)
+    for name, what in (("missing", "keys missing from hyp (scored as deletions)"),
+                       ("extra", "hyp keys not in ref (ignored)")):
+        keys = result[name]
+        if keys:
+            more = f" ... and {len(keys) - 10} more" if len(keys) > 10 else ""
+            print(f"{len(keys)} {what}: {' '.join(keys[:10])}{more}", file=sys.stderr)
     if args.per_utt:
         with open(args.per_utt, "w", encoding="utf-8") as f:
             for key, counts in result["per_utt"].items():

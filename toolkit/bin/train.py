@@ -12,6 +12,8 @@ Usage (the recipe's stage 4 runs this; 2 CPU processes with gloo, or one per GPU
 Multi-node: ``torchrun --nnodes=$num_nodes --nproc_per_node=8 --rdzv_backend=c10d
 --rdzv_endpoint=$HOST_NODE_ADDR --rdzv_id=$job_id -m toolkit.bin.train ...`` on every node.
 Resume with ``--checkpoint exp/conformer/epoch_3.pt`` (training continues at epoch 4).
+DeepSpeed ZeRO instead of DDP: add ``--train_engine deepspeed --deepspeed_config conf/ds_stage2.json`` (stage 1/2/3
+JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come from the YAML).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import sys
 
 import torch
 
-from toolkit.dataset import init_dataset_and_dataloader
+from toolkit.dataset import count_utterances, init_dataset_and_dataloader
+from toolkit.dataset.pipeline import resolve_dataset_conf
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.join import FlagJoin
 from toolkit.engine import ENGINE_CHOICES, init_engine
@@ -31,7 +34,7 @@ from toolkit.engine.executor import TrainProgress, cross_validate, train_one_epo
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import init_tokenizer
-from toolkit.utils.checkpoint import load_checkpoint, load_info
+from toolkit.utils.checkpoint import load_info
 from toolkit.utils.config import ConfigError, apply_overrides, check_modify_and_save_config, load_config
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 from toolkit.utils.summary import init_summarywriter
@@ -48,6 +51,10 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tensorboard_dir", default="tensorboard")
     parser.add_argument("--checkpoint", default=None, help="resume from this epoch_N.pt")
     parser.add_argument("--train_engine", default="torch_ddp", choices=ENGINE_CHOICES)
+    parser.add_argument("--deepspeed_config", default=None, help="DeepSpeed JSON (--train_engine deepspeed only)")
+    parser.add_argument("--deepspeed_shards", default="keep", choices=("keep", "drop"),
+                        help="deepspeed: keep each checkpoint's ZeRO shard dir (needed to resume) or drop it after "
+                             "the consolidated .pt is written")
     parser.add_argument("--pg_timeout_s", type=float, default=1800.0,
                         help="process-group timeout: a collective waiting longer fails instead of hanging")
     return parser.parse_args(argv)
@@ -56,11 +63,6 @@ def get_args(argv=None) -> argparse.Namespace:
 def setup_logging(rank: int) -> None:
     logging.basicConfig(level=logging.INFO, force=True,
                         format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
-
-
-def count_lines(path: str) -> int:
-    with open(path, encoding="utf-8") as f:
-        return sum(1 for line in f if line.strip())
 
 
 def main(argv=None) -> None:
@@ -90,13 +92,16 @@ def main(argv=None) -> None:
         model.parameters(), configs["optim"], configs["optim_conf"], configs["scheduler"],
         configs["scheduler_conf"])
     ctc_weight = configs.get("model_conf", {}).get("ctc_weight", 0.3)
-    engine = init_engine(args.train_engine, ctx, train_conf, find_unused_parameters=not 0.0 < ctc_weight < 1.0)
+    engine = init_engine(args.train_engine, ctx, train_conf, find_unused_parameters=not 0.0 < ctc_weight < 1.0,
+                         deepspeed_config=args.deepspeed_config,
+                         batch_conf=resolve_dataset_conf(configs["dataset_conf"])["batch_conf"],
+                         keep_shards=args.deepspeed_shards == "keep")
     engine.prepare(model, optimizer, scheduler)
     join = FlagJoin(is_empty=lambda batch: len(batch["keys"]) == 0)
     # 9. resume
     progress = TrainProgress()
     if args.checkpoint:
-        engine.load_state_dict(load_checkpoint(args.checkpoint))
+        engine.load(args.checkpoint)
         info = load_info(args.checkpoint)
         progress = TrainProgress(epoch=info["epoch"] + 1, step=info["step"])
         logging.info("resumed from %s: epoch %d, step %d", args.checkpoint, progress.epoch, progress.step)
@@ -105,7 +110,7 @@ def main(argv=None) -> None:
         engine.save(os.path.join(args.model_dir, "init.pt"), {"epoch": -1, "step": 0, "tag": "init"})
     # 11. epochs: train, cross-validate on every rank, save collectively
     max_epoch = train_conf["max_epoch"]
-    utts_per_rank = -(-count_lines(args.train_data) // ctx.world_size)
+    utts_per_rank = -(-count_utterances(args.train_data, configs["dataset_conf"]) // ctx.world_size)
     for epoch in range(progress.epoch, max_epoch):
         progress.epoch = epoch
         train_set.set_epoch(epoch)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.dataset.pipeline import build_dataloader, build_dataset, count_utterances
 
-__all__ = ["build_dataloader", "build_dataset", "init_dataset_and_dataloader"]
+__all__ = ["build_dataloader", "build_dataset", "count_utterances", "init_dataset_and_dataloader"]
 
 
 def init_dataset_and_dataloader(train_data: str, cv_data: str, tokenizer, dataset_conf: dict, rank: int,

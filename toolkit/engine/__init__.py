@@ -4,19 +4,40 @@ from __future__ import annotations
 
 from toolkit.distributed.context import DistContext
 from toolkit.engine.base import Engine
+from toolkit.engine.deepspeed import DeepSpeedEngine, check_deepspeed_config, load_deepspeed_config
 from toolkit.engine.torch_ddp import TorchDDPEngine
+from toolkit.utils.config import ConfigError
 
-ENGINE_CHOICES = ("torch_ddp",)
+ENGINE_CHOICES = ("torch_ddp", "deepspeed")
 
 __all__ = ["ENGINE_CHOICES", "Engine", "init_engine"]
 
 
-def init_engine(train_engine: str, ctx: DistContext, train_conf: dict, find_unused_parameters: bool) -> Engine:
+def init_engine(train_engine: str, ctx: DistContext, train_conf: dict, find_unused_parameters: bool,
+                deepspeed_config: str | None = None, batch_conf: dict | None = None,
+                keep_shards: bool = True) -> Engine:
     """Create the engine named by ``--train_engine``.
+
+    Args:
+        deepspeed_config: path of the DeepSpeed JSON (``deepspeed`` only; required there).
+        batch_conf: the resolved ``dataset_conf.batch_conf`` (``deepspeed``; required there), checked against the
+            JSON's micro batch size.
+        keep_shards: ``deepspeed``: keep the ZeRO shard directory of each checkpoint (see DeepSpeedEngine).
 
     Raises:
         ValueError: an unknown engine name (the message lists the valid ones).
+        ConfigError: ``--deepspeed_config`` missing for ``deepspeed`` or given to another engine, or the JSON
+            disagrees with the YAML.
     """
     if train_engine not in ENGINE_CHOICES:
         raise ValueError(f"--train_engine {train_engine!r} is not one of {list(ENGINE_CHOICES)}")
+    if (train_engine == "deepspeed") != (deepspeed_config is not None):
+        raise ConfigError("--deepspeed_config goes with --train_engine deepspeed, and only with it "
+                          f"(got --train_engine {train_engine}, --deepspeed_config {deepspeed_config})")
+    if train_engine == "deepspeed":
+        if batch_conf is None:
+            raise ValueError("init_engine: the deepspeed engine needs batch_conf to check the micro batch size")
+        ds_config = check_deepspeed_config(load_deepspeed_config(deepspeed_config), train_conf, batch_conf,
+                                           deepspeed_config)
+        return DeepSpeedEngine(ctx, train_conf, ds_config, keep_shards)
     return TorchDDPEngine(ctx, train_conf["dtype"], train_conf["grad_clip"], find_unused_parameters)

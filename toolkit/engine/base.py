@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.distributed.context import DistContext
-from toolkit.utils.checkpoint import save_checkpoint
+from toolkit.utils.checkpoint import load_checkpoint, save_checkpoint
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -95,3 +95,11 @@ class Engine(abc.ABC):
         if self.ctx.is_main:
             save_checkpoint(path, self.state_dict(), info)
         dist.barrier()
+
+    def load(self, path: str) -> None:
+        """Resume from checkpoint ``path`` written by :meth:`save` (every rank calls it).
+
+        Raises:
+            FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
+        """
+        self.load_state_dict(load_checkpoint(path))

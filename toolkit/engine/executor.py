@@ -124,7 +124,7 @@ def _log_step(progress, stats, out, loss, lr, grad_norm, elapsed, utts_total, wr
     parts = [f"epoch {progress.epoch}", f"step {progress.step}", f"loss {loss:.3f}"]
     for key in ("loss_ctc", "loss_att", "th_accuracy"):
         if out.get(key) is not None:
-            parts.append(f"{key} {float(out[key]):.3f}")
+            parts.append(f"{key} {float(out[key].detach()):.3f}")
     throughput = stats.audio_s / max(elapsed, 1e-9)
     parts += [f"lr {lr:.3e}", f"grad_norm {grad_norm:.3f}", f"{throughput:.1f} audio-s/s"]
     if utts_total > stats.num_utts > 0:
@@ -137,7 +137,7 @@ def _log_step(progress, stats, out, loss, lr, grad_norm, elapsed, utts_total, wr
         writer.add_scalar("train/grad_norm", grad_norm, progress.step)
         for key in ("loss_ctc", "loss_att", "th_accuracy"):
             if out.get(key) is not None:
-                writer.add_scalar(f"train/{key}", float(out[key]), progress.step)
+                writer.add_scalar(f"train/{key}", float(out[key].detach()), progress.step)
 
 
 @torch.no_grad()

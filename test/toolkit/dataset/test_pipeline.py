@@ -8,7 +8,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, resolve_dataset_conf
+from toolkit.dataset.pipeline import build_dataloader, build_dataset, lines_per_rank, resolve_dataset_conf
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,6 +107,7 @@ def test_every_bad_input_is_skipped_named_and_counted(tmp_path, tokenizer, caplo
         ({"key": "bad-empty-audio", "wav": str(tmp_path / "empty.wav"), "txt": "ONE"}, "empty_audio"),
         ({"key": "bad-empty-text", "wav": good[0]["wav"], "txt": " "}, "empty_text"),
         ({"key": "bad-unk", "wav": good[0]["wav"], "txt": "ZERO"}, "unknown_token"),
+        ({"key": "bad-all-unk", "wav": good[0]["wav"], "txt": "ZZ QZ"}, "all_unknown"),
         ({"key": "bad-short", "wav": str(tmp_path / "short.wav"), "txt": "ONE"}, "too_short"),
         (dict(lj_long, key="bad-long"), "too_long"),
     ]
@@ -153,7 +154,31 @@ def test_conf_rejects_unknown_keys():
     with pytest.raises(ValueError, match=r"'num_mel'.*num_mel_bins"):
         resolve_dataset_conf({"fbank_conf": {"num_mel": 40}})
     with pytest.raises(ValueError, match="batch_type"):
-        resolve_dataset_conf({"batch_conf": {"batch_type": "bucket"}})
+        resolve_dataset_conf({"batch_conf": {"batch_type": "buckets"}})
+    with pytest.raises(ValueError, match="bucket_batch_sizes"):
+        resolve_dataset_conf({"batch_conf": {"batch_type": "bucket", "bucket_boundaries": [100]}})
+    with pytest.raises(ValueError, match="data_type"):
+        resolve_dataset_conf({"data_type": "tar"})
     conf = resolve_dataset_conf({"fbank_conf": {"num_mel_bins": 40}})
     assert conf["fbank_conf"] == {"num_mel_bins": 40, "frame_shift": 10, "frame_length": 25, "dither": 1.0}
     assert conf["batch_conf"]["batch_size"] == 16
+
+
+def test_lines_per_rank_and_uneven_partition_log(tmp_path, tokenizer, caplog):
+    assert lines_per_rank(9, 2, 2) == [5, 4]
+    assert lines_per_rank(8, 2, 2) == [4, 4]
+    assert lines_per_rank(3, 2, 0) == [2, 1]
+    data_list = write_list(tmp_path / "data.list", kaldi_entries(FSDD, "dev")[:5])
+    with caplog.at_level(logging.INFO):
+        build_dataset(data_list, tokenizer, {"dataloader_conf": {"num_workers": 2}}, rank=0, world_size=2)
+    assert "5 lines do not divide evenly over 2 ranks x 2 workers; lines per rank: [3, 2]" in caplog.text
+
+
+def test_raw_segments_read_only_their_span(tmp_path, tokenizer):
+    entry = kaldi_entries(LJ, "dev")[0]
+    entries = [dict(entry, key="seg-a", start=0.0, end=1.0), dict(entry, key="seg-b", start=1.0, end=3.5)]
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"sort": False, "filter_conf": {"max_output_input_ratio": 10.0}, "dataloader_conf": {"num_workers": 0}}
+    (batch,) = list(build_dataloader(build_dataset(data_list, tokenizer, conf, mode="cv"), conf))
+    assert batch["keys"] == ["seg-a", "seg-b"]
+    assert batch["feats_lengths"].tolist() == [1 + (16000 - 400) // 160, 1 + (40000 - 400) // 160]

@@ -172,7 +172,12 @@ def test_read_audio_zero_length(tmp_path):
 def test_parse_raw():
     line = '{"key": "a", "wav": "/x.wav", "txt": "HI"}'
     assert processor.parse_raw({"line": line}) == {"key": "a", "wav": "/x.wav", "txt": "HI"}
-    for bad in ('{"key": "a"', '["a", "b"]', '{"key": "a", "wav": 3, "txt": "HI"}'):
+    segment = processor.parse_raw({"line": '{"key": "a", "wav": "/x.wav", "txt": "HI", "start": 1, "end": 2.5}'})
+    assert segment == {"key": "a", "wav": "/x.wav", "txt": "HI", "start": 1.0, "end": 2.5}
+    for bad in ('{"key": "a"', '["a", "b"]', '{"key": "a", "wav": 3, "txt": "HI"}',
+                '{"key": "a", "wav": "w", "txt": "HI", "start": 2, "end": 1}',
+                '{"key": "a", "wav": "w", "txt": "HI", "start": 1}',
+                '{"key": "a", "wav": "w", "txt": "HI", "start": "0", "end": 1}'):
         with pytest.raises(SkipSample, match="bad_line"):
             processor.parse_raw({"line": bad})
 
@@ -182,10 +187,15 @@ def test_tokenize_and_filter_reasons(tmp_path):
     write_symbol_table(["E", "N", "O", "▁"], str(table))
     tok = CharTokenizer(str(table))
     assert processor.tokenize({"txt": "ONE"}, tok)["label"] == [4, 3, 2]
-    for txt, reason in (("  ", "empty_text"), ("TWO", "unknown_token")):
+    for txt, reason in (("  ", "empty_text"), ("TWO", "unknown_token"), ("TW XY", "all_unknown")):
         with pytest.raises(SkipSample) as info:
             processor.tokenize({"txt": txt}, tok)
         assert info.value.reason == reason
+    assert processor.tokenize({"txt": "TWO ONE"}, tok, max_unk_ratio=0.4)["label"] == [1, 1, 4, 5, 4, 3, 2]
+    with pytest.raises(SkipSample, match="unknown_token"):
+        processor.tokenize({"txt": "TWO ONE"}, tok, max_unk_ratio=0.3)  # 2 of 6 units unknown
+    with pytest.raises(SkipSample, match="all_unknown"):
+        processor.tokenize({"txt": "TW XY"}, tok, max_unk_ratio=1.0)
     sample = {"waveform": np.zeros(16000, dtype=np.float32), "sample_rate": 16000, "label": [2, 3, 4]}  # 100 frames
     assert processor.filter_sample(sample) is sample
     cases = [({"min_length": 101}, "too_short"), ({"max_length": 99}, "too_long"),
@@ -211,3 +221,35 @@ def test_map_skipping_logs_key_and_counts(caplog):
     assert [s["key"] for s in out] == ["good"]
     assert counter == {"bad_line": 1}
     assert "oops" in caplog.text and "bad_line" in caplog.text
+
+
+def test_read_audio_segment_of_real_speech():
+    whole = processor.read_audio({"key": "lj", "wav": str(LJ_WAV), "txt": ""})["waveform"]
+    seg = processor.read_audio({"key": "lj", "wav": str(LJ_WAV), "txt": "", "start": 0.25, "end": 0.75})
+    np.testing.assert_array_equal(seg["waveform"], whole[4000:12000])
+    past = {"key": "lj", "wav": str(LJ_WAV), "txt": "", "start": 1000.0, "end": 1001.0}
+    with pytest.raises(SkipSample, match="empty_audio"):
+        processor.read_audio(past)
+
+
+def test_filter_on_real_speech(tmp_path):
+    sample = processor.read_audio({"key": "lj", "wav": str(LJ_WAV), "txt": ""})
+    frames = sample["waveform"].shape[0] / 160
+    sample = dict(sample, label=list(range(2, 40)))
+    assert processor.filter_sample(sample, max_length=frames + 1) is sample
+    with pytest.raises(SkipSample, match="too_long"):
+        processor.filter_sample(sample, max_length=frames - 1)
+
+
+def test_bucket_batch_groups_by_length(fsdd_samples):
+    lengths = sorted(s["feat"].size(0) for s in fsdd_samples)
+    boundary = lengths[len(lengths) // 2]
+    batches = list(processor.bucket_batch(fsdd_samples, [boundary], [3, 2]))
+    assert sorted(s["key"] for b in batches for s in b) == sorted(s["key"] for s in fsdd_samples)
+    for b in batches:
+        short = [s["feat"].size(0) < boundary for s in b]
+        assert all(short) or not any(short)
+        assert len(b) <= (3 if short[0] else 2)
+    assert sum(len(b) == (3 if b[0]["feat"].size(0) < boundary else 2) for b in batches) >= len(batches) - 2
+    with pytest.raises(ValueError, match="bucket_batch_sizes"):
+        list(processor.bucket_batch(fsdd_samples, [100, 200], [4, 2]))

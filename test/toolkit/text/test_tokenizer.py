@@ -90,3 +90,17 @@ def test_init_tokenizer_unknown_name_lists_choices(lj_char_table):
     assert isinstance(init_tokenizer("char", {"symbol_table_path": lj_char_table}), CharTokenizer)
     with pytest.raises(ValueError, match=r"\['bpe', 'char'\]"):
         init_tokenizer("word", {"symbol_table_path": lj_char_table})
+
+
+def test_bpe_maps_unseen_characters_to_unk(tmp_path):
+    text_file = tmp_path / "text"
+    text_file.write_text("".join(f"utt{i} {t}\n" for i, t in enumerate(transcripts("tiny_lj"))))
+    table = spm_train.train(str(text_file), str(tmp_path / "bpe"), "unigram", 60)
+    tok = init_tokenizer("bpe", {"bpe_model": str(tmp_path / "bpe.model"), "symbol_table_path": table})
+    assert not any("Q" in t or "Z" in t for t in transcripts("tiny_lj"))
+    tokens, ids = tok.tokenize("THE QUIZ")
+    assert tokens == ["▁THE", "▁", "Q", "U", "I", "Z"]  # a piece the model never saw stays as its surface
+    assert [i for t, i in zip(tokens, ids) if t in ("Q", "Z")] == [UNK_ID, UNK_ID]
+    assert UNK_ID not in [i for t, i in zip(tokens, ids) if t not in ("Q", "Z")]
+    assert tok.tokenize("QZQ")[1] == [tok.symbol_table["▁"], UNK_ID]  # a run of unknowns is one <unk>
+    assert tok.detokenize(ids)[0] == "THE <unk>UI<unk>"

@@ -1,0 +1,43 @@
+"""The recipe end to end on real speech: FSDD, 2 gloo ranks, small conformer, every stage -1..5.
+
+Measured on the 2-core CI machine kind (2026-11-30): CV loss falls from 9.2 to 1.0 in 15 epochs and the unseen test
+speaker (theo, recorded ~20 dB below the training speakers) gets 19.6% WER with attention rescoring and 40.0% with
+CTC greedy search; a model that only runs (or trains without volume perturbation) stays near 90%, the chance level
+of a 10-word vocabulary. The bounds below leave room for thread-order differences between machines.
+"""
+
+import os
+import re
+import subprocess
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def read_results(path):
+    rows = {}
+    for line in open(path, encoding="utf-8"):
+        m = re.match(r"\| (\S+) \| (\S+) \| (\d+) \| (\d+) \| ([\d.]+) \(", line)
+        if m:
+            rows[(m.group(1), m.group(2))] = (int(m.group(3)), float(m.group(5)))
+    return rows
+
+
+def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
+    cmd = ["bash", os.path.join(REPO, "run.sh"), "--corpora", "fsdd", "--train_config", "conf/train_tiny.yaml",
+           "--data", str(tmp_path / "data"), "--dir", str(tmp_path / "exp"),
+           "--tensorboard_dir", str(tmp_path / "tensorboard"),
+           "--decode_modes", "ctc_greedy_search attention_rescoring"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    exp = tmp_path / "exp"
+    assert (exp / "train.yaml").exists()
+    for epoch in range(15):
+        assert (exp / f"epoch_{epoch}.pt").exists() and (exp / f"epoch_{epoch}.yaml").exists()
+    assert (exp / "avg_3.pt").exists()
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tensorboard" / "exp"))
+    results = read_results(exp / "RESULTS.md")
+    utts, wer_rescoring = results[("test_fsdd", "attention_rescoring")]
+    _, wer_greedy = results[("test_fsdd", "ctc_greedy_search")]
+    assert utts == 500
+    assert wer_rescoring < 35.0, results
+    assert wer_greedy < 60.0, results

@@ -1,0 +1,84 @@
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toolkit.dataset.processor import read_audio
+from toolkit.dataset.shard import read_shards
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import make_shard_list  # noqa: E402
+
+FSDD = ROOT / "corpora/tiny_fsdd"
+KATHLEEN = ROOT / "corpora/kathleen"
+
+
+def entries_of(corpus, split, n):
+    with open(corpus / "data" / split / "text", encoding="utf-8") as f:
+        texts = dict(line.rstrip("\n").split(" ", 1) for line in f)
+    with open(corpus / "data" / split / "wav.scp", encoding="utf-8") as f:
+        pairs = [line.split() for line in f][:n]
+    return [{"key": k, "wav": str(corpus / w), "txt": texts[k]} for k, w in pairs]
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, str(ROOT / "tools/make_shard_list.py"), *map(str, args)],
+                          capture_output=True, text=True, check=True, timeout=120)
+
+
+def test_parallel_shards_then_resume_writes_only_the_missing_one(tmp_path):
+    entries = entries_of(FSDD, "dev", 7) + [{"key": "gone", "wav": str(tmp_path / "gone.wav"), "txt": "ONE"}]
+    raw = tmp_path / "raw.list"
+    raw.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    shard_dir, shard_list = tmp_path / "shards", tmp_path / "data.list"
+    proc = run_tool("--num_utts_per_shard", 3, "--num_workers", 2, raw, shard_dir, shard_list)
+    assert "3 shards (0 already there), 7 utterances written, 1 left out" in proc.stdout
+    assert "left out gone: missing_audio" in proc.stderr
+    paths = shard_list.read_text().split()
+    assert paths == [str(shard_dir / f"shards_{i:06d}.tar") for i in range(3)]
+    counts = Counter()
+    assert [s["key"] for s in read_shards(paths, counts)] == [e["key"] for e in entries[:7]] and not counts
+    with tarfile.open(paths[2]) as tar:
+        assert len(tar.getnames()) == 2 * 1  # entries 7 and 8: one written, one left out
+
+    before = {p: (os.stat(p).st_mtime_ns, Path(p).read_bytes()) for p in paths}
+    os.remove(paths[1])
+    Path(paths[1] + ".tmp").write_bytes(b"half-written shard of a killed run")
+    entries = make_shard_list.read_entries(str(raw))  # the same run, in-process (a second CLI start costs 10 s)
+    assert make_shard_list.make_shards(entries, str(shard_dir), 3, 2)[:3] == (paths, 2, 3)
+    for p in (paths[0], paths[2]):
+        assert os.stat(p).st_mtime_ns == before[p][0]  # not rewritten
+    assert Path(paths[1]).read_bytes() == before[paths[1]][1]
+    assert not Path(paths[1] + ".tmp").exists()
+
+    # Other input into the same folder: the old shards go, none is reused.
+    assert make_shard_list.make_shards(entries[:4], str(shard_dir), 3, 1)[1:3] == (0, 4)
+    assert sorted(os.listdir(shard_dir)) == ["shards.fingerprint", "shards_000000.tar", "shards_000001.tar"]
+
+
+def test_flac_shards_decode_to_the_source_audio(tmp_path):
+    entries = entries_of(KATHLEEN, "dev", 2)
+    paths, reused, written, skipped = make_shard_list.make_shards(entries, str(tmp_path), 5, 1, audio_format="flac")
+    assert (len(paths), reused, written, skipped) == (1, 0, 2, [])
+    samples = list(read_shards(paths, Counter()))
+    assert [s["wav"].rsplit(".", 1)[1] for s in samples] == ["flac", "flac"]
+    for sample, entry in zip(samples, entries):
+        ours, source = read_audio(sample)["waveform"], read_audio(entry)["waveform"]
+        assert ours.shape == source.shape
+        assert np.abs(ours - source).max() <= 1 / 32768 + 1e-6  # 16-bit quantisation only
+
+
+def test_bad_raw_line_names_the_line(tmp_path):
+    raw = tmp_path / "raw.list"
+    raw.write_text('{"key": "a", "wav": "a.wav", "txt": "A"}\n{"key": "b"}\n')
+    with pytest.raises(ValueError, match=r"raw.list:2"):
+        make_shard_list.read_entries(str(raw))
+    with pytest.raises(ValueError, match="num_utts_per_shard"):
+        make_shard_list.make_shards([], str(tmp_path), 0, 1)

@@ -1,0 +1,271 @@
+"""``train_engine: deepspeed``: DeepSpeed ZeRO stages 0-3 behind the :class:`~toolkit.engine.base.Engine` verbs.
+
+ZeRO ("ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", arXiv:1910.02054) partitions the
+optimizer state (stage 1), the gradients (stage 2) and the parameters (stage 3) across the data-parallel ranks.
+The YAML's optimizer (a plain ``torch.optim.Adam``/``AdamW``: DeepSpeed's own optimizers compile C++ ops) and its
+``WarmupLR`` are passed in; the JSON given by ``--deepspeed_config`` only says how to shard and in which precision.
+
+Values that exist on both sides are checked once, in :func:`check_deepspeed_config`; a key the JSON leaves out is
+filled from the YAML, so the YAML can stay the only source.
+
+On CPU the engine sets ``DS_ACCELERATOR=cpu`` (collectives on the torch gloo group), on GPU DeepSpeed picks CUDA
+and nccl. NOTE: at start DeepSpeed's torch backend compiles a shared-memory collective op
+(``deepspeed_shm_comm``): it needs a C++ compiler, costs ~1 minute the first time, and serves inference only
+(machine-facts.md). :func:`disable_shm_op_build` replaces the module attribute ``build_shm_op`` of
+``deepspeed.comm.torch`` with a function returning ``None`` (DeepSpeed's own "op not available" value), so training
+starts without a compiler and without that minute; it logs that it did.
+
+Checkpoints: :meth:`DeepSpeedEngine.save` calls ``save_checkpoint`` on every rank (it is collective: a rank-0-only
+call hangs), then global rank 0 writes a consolidated fp32 ``{tag}.pt`` + ``{tag}.yaml`` in the format of
+:mod:`toolkit.utils.checkpoint`, read by ``average_model.py``, ``recognize.py`` and a torch_ddp resume like any
+other checkpoint. The shard directory ``{model_dir}/{tag}/`` holds the optimizer state; :meth:`DeepSpeedEngine.load`
+needs it (it refuses to resume with fresh optimizer state).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import shutil
+from typing import Any, ContextManager
+
+import torch
+import torch.distributed as dist
+
+from toolkit.distributed.context import DistContext
+from toolkit.engine.base import Engine
+from toolkit.utils.checkpoint import MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, save_checkpoint
+from toolkit.utils.config import ConfigError
+
+
+def load_deepspeed_config(path: str) -> dict:
+    """Read the DeepSpeed JSON.
+
+    Raises:
+        ConfigError: the file is missing or not a JSON object.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError as e:
+        raise ConfigError(f"--deepspeed_config {path}: file not found") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--deepspeed_config {path}: not valid JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise ConfigError(f"--deepspeed_config {path}: top level must be an object")
+    return config
+
+
+def check_deepspeed_config(ds_config: dict, train_conf: dict, batch_conf: dict, path: str = "ds_config") -> dict:
+    """The one place where the DeepSpeed JSON meets the YAML: compare the values both have, fill the rest.
+
+    Pairs: ``train_micro_batch_size_per_gpu`` <-> ``dataset_conf.batch_conf.batch_size`` (static batches only;
+    with dynamic batches DeepSpeed uses it only for its throughput log and it defaults to 1),
+    ``gradient_accumulation_steps`` <-> ``train_conf.accum_grad``, ``gradient_clipping`` <-> ``train_conf.grad_clip``
+    and ``bf16.enabled``/``fp16.enabled`` <-> ``train_conf.dtype``.
+
+    Returns:
+        a copy of ``ds_config`` with the absent paired keys filled from the YAML.
+
+    Raises:
+        ConfigError: a value differs (the message names both values), the JSON has ``optimizer``/``scheduler``
+            sections (the YAML's are used), or ``train_batch_size`` is set (it is derived).
+    """
+    conf = json.loads(json.dumps(ds_config))
+    problems = [f"{path}: '{key}' is not allowed: the YAML's optim/scheduler are passed to DeepSpeed"
+                for key in ("optimizer", "scheduler") if key in conf]
+    if "train_batch_size" in conf:
+        problems.append(f"{path}: remove 'train_batch_size'; it is micro batch x accum_grad x world size")
+    pairs = [("gradient_accumulation_steps", train_conf["accum_grad"], "train_conf.accum_grad"),
+             ("gradient_clipping", max(float(train_conf["grad_clip"]), 0.0), "train_conf.grad_clip")]
+    if batch_conf.get("batch_type", "static") == "static":
+        pairs.append(("train_micro_batch_size_per_gpu", batch_conf["batch_size"],
+                      "dataset_conf.batch_conf.batch_size"))
+    else:
+        conf.setdefault("train_micro_batch_size_per_gpu", 1)
+    for key, yaml_value, yaml_name in pairs:
+        if key not in conf:
+            conf[key] = yaml_value
+        elif float(conf[key]) != float(yaml_value):
+            problems.append(f"{path}: {key} = {conf[key]} but {yaml_name} = {yaml_value}")
+    for dtype in ("bf16", "fp16"):
+        section = conf.setdefault(dtype, {})
+        wanted = train_conf["dtype"] == dtype
+        if "enabled" not in section:
+            section["enabled"] = wanted
+        elif bool(section["enabled"]) != wanted:
+            problems.append(f"{path}: {dtype}.enabled = {section['enabled']} but train_conf.dtype = "
+                            f"{train_conf['dtype']}")
+    if problems:
+        raise ConfigError("DeepSpeed config disagrees with the training YAML:\n  " + "\n  ".join(problems))
+    return conf
+
+
+def zero_stage(ds_config: dict) -> int:
+    """``zero_optimization.stage`` (0 when absent)."""
+    return int(ds_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def expected_shard_files(model_dir: str, tag: str, world_size: int, stage: int, bf16: bool) -> list[str]:
+    """Files a DeepSpeed ``save_checkpoint(model_dir, tag)`` of ``world_size`` ranks leaves (DeepSpeed's naming:
+    model states of model-parallel rank 00; stage 3 writes them per rank; ZeRO and bf16 write one optimizer-state
+    file per data-parallel rank)."""
+    shard_dir = os.path.join(model_dir, tag)
+    if stage == 3:
+        files = [os.path.join(shard_dir, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt") for r in range(world_size)]
+    else:
+        files = [os.path.join(shard_dir, "mp_rank_00_model_states.pt")]
+    if stage > 0 or bf16:
+        prefix = "bf16_" if bf16 else ""
+        files += [os.path.join(shard_dir, f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+                  for r in range(world_size)]
+    return files
+
+
+def disable_shm_op_build() -> None:
+    """Stop DeepSpeed from compiling its CPU shared-memory collective op (inference only; see module docstring)."""
+    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    comm_torch.build_shm_op = lambda: None
+    logging.info("deepspeed: skipped building the CPU shared-memory op (inference-only); collectives use gloo")
+
+
+def _cast_floats(dtype: torch.dtype):
+    def hook(module, args):
+        return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+    return hook
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed engine.
+
+    Args:
+        ctx: the rank context.
+        train_conf: resolved ``train_conf`` (``dtype``, ``grad_clip``, ``accum_grad``).
+        ds_config: the JSON as checked by :func:`check_deepspeed_config`.
+        keep_shards: keep ``{model_dir}/{tag}/`` after the consolidated ``.pt`` is written (needed to resume with
+            optimizer state); ``False`` deletes it (the ``.pt`` still decodes, averages and seeds a torch_ddp run).
+    """
+
+    def __init__(self, ctx: DistContext, train_conf: dict, ds_config: dict, keep_shards: bool = True):
+        super().__init__(ctx, train_conf["dtype"], train_conf["grad_clip"])
+        self.ds_config = ds_config
+        self.stage = zero_stage(ds_config)
+        self.keep_shards = keep_shards
+        self._sync = True
+        if ctx.device.type == "cpu":
+            # NOTE: read by deepspeed.accelerator at import; without it DeepSpeed looks for CUDA.
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+    def prepare(self, model, optimizer, scheduler):
+        import deepspeed  # NOTE: imported here: 2-3 s that torch_ddp runs should not pay.
+
+        if self.ctx.device.type == "cpu":
+            disable_shm_op_build()
+        self.model, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=self.ds_config, dist_init_required=False)
+        if self.dtype == "bf16":
+            # NOTE: DeepSpeed keeps bf16 weights; fp32 features would meet them in ops autocast leaves alone.
+            self.model.module.register_forward_pre_hook(_cast_floats(torch.bfloat16))
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        return self.model
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.model.module
+
+    def accumulate(self, sync: bool) -> ContextManager:
+        # NOTE: the executor owns the accumulation boundary (it restarts its count each epoch), so DeepSpeed's own
+        # micro-step counter is overridden rather than trusted.
+        self._sync = sync
+        self.model.set_gradient_accumulation_boundary(sync)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # The executor has already divided by accum_grad; DeepSpeed would divide again.
+        self.model.backward(loss, scale_wrt_gas=False)
+        if not self._sync:
+            self.model.step()  # DeepSpeed wants step() after every micro-batch; off the boundary it only counts.
+
+    def step(self) -> float:
+        """Boundary step: DeepSpeed clips, steps the optimizer and the LR scheduler. Returns the pre-clip global
+        gradient norm. Unlike torch_ddp, fp32 at stage 0 does not skip an update on a non-finite norm (DeepSpeed
+        skips only on fp16 overflow)."""
+        own_norm = self._grad_norm() if self.stage == 0 and self.dtype == "fp32" else None
+        self.model.step()
+        norm = self.model.get_global_grad_norm()
+        return float(norm) if norm is not None else own_norm
+
+    def _grad_norm(self) -> float:
+        # Stage 0 fp32: after the boundary backward every rank holds the whole averaged gradient in .grad.
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad()
+        self.model.optimizer.zero_grad()
+
+    def state_dict(self) -> dict[str, Any]:
+        """In-memory fp32 model and scheduler state (stages 0-2: every rank holds whole parameters). Checkpoints on
+        disk go through :meth:`save`, which consolidates the ZeRO shards with DeepSpeed's own API."""
+        return {MODEL_KEY: {k: v.float() if v.is_floating_point() else v
+                            for k, v in self.module.state_dict().items()},
+                SCHEDULER_KEY: self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load model weights (and scheduler) from a toolkit checkpoint, e.g. to initialise from a torch_ddp model.
+
+        Raises:
+            ValueError: ``state`` carries a torch optimizer state, which ZeRO cannot take over; resume a DeepSpeed
+                run through :meth:`load` instead.
+        """
+        if OPTIMIZER_KEY in state:
+            raise ValueError("a torch optimizer state cannot be loaded into DeepSpeed; resume from a checkpoint "
+                             "this engine saved (its shard directory holds the optimizer state)")
+        self.module.load_state_dict(state[MODEL_KEY])
+        if SCHEDULER_KEY in state:
+            self.scheduler.load_state_dict(state[SCHEDULER_KEY])
+
+    def save(self, path: str, info: dict[str, Any]) -> None:
+        """Collective: every rank writes its shards, then rank 0 writes the consolidated fp32 ``path``."""
+        model_dir, tag = _split(path)
+        self.model.save_checkpoint(model_dir, tag=tag, save_latest=self.keep_shards)
+        dist.barrier()  # every rank's shard is on disk before rank 0 reads them all
+        if self.ctx.is_main:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            model_state = get_fp32_state_dict_from_zero_checkpoint(model_dir, tag)
+            save_checkpoint(path, {MODEL_KEY: model_state, SCHEDULER_KEY: self.scheduler.state_dict()}, info)
+            if not self.keep_shards:
+                shutil.rmtree(os.path.join(model_dir, tag))
+        dist.barrier()
+
+    def load(self, path: str) -> None:
+        """Resume model, optimizer and scheduler from the shards beside ``path`` (``{model_dir}/{tag}/``).
+
+        Raises:
+            FileNotFoundError: on EVERY rank, when any rank cannot see one of the ``world_size`` shard files (e.g.
+                node-local disks, or shards dropped); the message names each rank's missing files.
+        """
+        model_dir, tag = _split(path)
+        expected = expected_shard_files(model_dir, tag, self.ctx.world_size, self.stage, self.dtype == "bf16")
+        missing = [f for f in expected if not os.path.exists(f)]
+        gathered: list = [None] * self.ctx.world_size
+        dist.all_gather_object(gathered, missing)
+        report = [f"rank {rank} cannot see: {', '.join(files)}" for rank, files in enumerate(gathered) if files]
+        if report:
+            raise FileNotFoundError(f"cannot resume {path} with its optimizer state: " + "; ".join(report))
+        load_path, _ = self.model.load_checkpoint(model_dir, tag=tag, load_optimizer_states=True,
+                                                  load_lr_scheduler_states=True)
+        if load_path is None:
+            raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {model_dir}")
+
+
+def _split(path: str) -> tuple[str, str]:
+    """``exp/x/epoch_3.pt`` -> (``exp/x``, ``epoch_3``)."""
+    return os.path.dirname(os.path.abspath(path)), os.path.basename(path)[: -len(".pt")]
