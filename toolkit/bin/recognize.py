@@ -48,13 +48,17 @@ def get_args(argv=None) -> argparse.Namespace:
 
 
 def test_dataset_conf(dataset_conf: dict, batch_size: int) -> dict:
-    """The training pipeline's features with decoding settings: no filtering by length, static batches."""
+    """The training pipeline's features with decoding settings: nothing filtered out, static batches, original
+    order."""
     conf = {key: value for key, value in dataset_conf.items() if key not in ("filter_conf",)}
     conf["batch_conf"] = {"batch_type": "static", "batch_size": batch_size}
     conf["filter_conf"] = {"max_length": 1_000_000, "min_length": 0, "token_max_length": 1_000_000,
                            "token_min_length": 0}
     conf["shuffle"] = False
     conf["sort"] = False
+    # NOTE: a test transcript may hold characters the training dictionary lacks; the audio is still decoded and
+    # the scorer compares against the original text.
+    conf["tokenize_conf"] = {"max_unk_ratio": 1.0}
     return conf
 
 

@@ -118,7 +118,7 @@ def _build_pipeline(lines: List[str], tokenizer, conf: dict, mode: str, rng: ran
     samples = per_sample(samples, processor.tokenize, tokenizer=tokenizer, **conf["tokenize_conf"])
     samples = per_sample(samples, processor.filter_sample, **conf["filter_conf"])
     fbank_conf = dict(conf["fbank_conf"], dither=conf["fbank_conf"]["dither"] if train else 0.0)
-    samples = per_sample(samples, processor.compute_fbank, rng=rng, **fbank_conf)
+    samples = per_sample(samples, processor.compute_fbank, **fbank_conf)
     if train and conf["spec_aug"]:
         samples = per_sample(samples, processor.spec_aug, rng=rng, **conf["spec_aug_conf"])
     if conf["sort"]:

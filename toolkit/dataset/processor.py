@@ -12,6 +12,7 @@ Shards (tar files) enter the same chain through :func:`toolkit.dataset.shard.rea
 ``{"key", "wav", "wav_bytes", "txt"}`` samples.
 """
 import bisect
+import functools
 import io
 import json
 import logging
@@ -21,13 +22,13 @@ import random
 from collections import Counter
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
+import kaldi_native_fbank as knf
 import numpy as np
 import soundfile as sf
 import torch
-from scipy.signal import resample_poly
+from scipy.signal import firwin, resample_poly
 from torch.nn.utils.rnn import pad_sequence
 
-from toolkit.dataset.fbank import kaldi_fbank
 from toolkit.text.tokenizer import WORD_BOUNDARY
 from toolkit.utils.common import IGNORE_ID, UNK_ID
 
@@ -117,9 +118,18 @@ def read_audio(sample: dict) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=32)
+def _lowpass(up: int, down: int) -> np.ndarray:
+    # The filter resample_poly designs by default (Kaiser window, beta 5), kept: designing it took 40% of
+    # the time of a speed perturbation.
+    max_rate = max(up, down)
+    return firwin(2 * 10 * max_rate + 1, 1.0 / max_rate, window=("kaiser", 5.0)).astype(np.float32)
+
+
 def _resample_poly(waveform: np.ndarray, up: int, down: int) -> np.ndarray:
     g = math.gcd(up, down)
-    return resample_poly(waveform, up // g, down // g).astype(np.float32)
+    up, down = up // g, down // g
+    return resample_poly(waveform, up, down, window=_lowpass(up, down)).astype(np.float32)
 
 
 def resample(sample: dict, resample_rate: int = 16000) -> dict:
@@ -215,24 +225,30 @@ def filter_sample(sample: dict, max_length: float = 2000, min_length: float = 10
 
 
 def compute_fbank(sample: dict, num_mel_bins: int = 80, frame_length: float = 25, frame_shift: float = 10,
-                  dither: float = 1.0, rng: Optional[random.Random] = None) -> dict:
-    """Kaldi-compatible log mel filterbank (:func:`toolkit.dataset.fbank.kaldi_fbank`: povey window,
-    snip_edges=true); ``frame_length`` and ``frame_shift`` in ms, ``dither`` on the 16-bit sample scale.
+                  dither: float = 1.0) -> dict:
+    """Kaldi-compatible log mel filterbank (kaldi-native-fbank: povey window, snip_edges=true); ``frame_length``
+    and ``frame_shift`` in ms, ``dither`` on the 16-bit sample scale.
 
     Reads ``waveform``, ``sample_rate``; writes ``feat`` (float32 tensor ``(T, num_mel_bins)`` with
-    ``T = 1 + (N - frame_length_samples) // frame_shift_samples``) and drops ``waveform``. The dither noise
-    is drawn from ``rng`` when given (reproducible per worker), else from torch's global generator.
+    ``T = 1 + (N - frame_length_samples) // frame_shift_samples``) and drops ``waveform``.
 
     Raises:
         SkipSample: ``too_short`` when the audio is shorter than one frame.
     """
-    generator = None
-    if rng is not None and dither > 0:
-        generator = torch.Generator().manual_seed(rng.getrandbits(63))
-    waveform = torch.from_numpy(sample["waveform"]) * INT16_SCALE
-    feat = kaldi_fbank(waveform, sample["sample_rate"], num_mel_bins, frame_length, frame_shift, dither, generator)
-    if feat.size(0) == 0:
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = sample["sample_rate"]
+    opts.frame_opts.frame_length_ms = frame_length
+    opts.frame_opts.frame_shift_ms = frame_shift
+    opts.frame_opts.dither = dither
+    opts.frame_opts.snip_edges = True
+    opts.mel_opts.num_bins = num_mel_bins
+    fbank = knf.OnlineFbank(opts)
+    fbank.accept_waveform(sample["sample_rate"], sample["waveform"] * INT16_SCALE)
+    fbank.input_finished()
+    num_frames = fbank.num_frames_ready
+    if num_frames == 0:
         raise SkipSample("too_short", f"{sample['waveform'].shape[0]} samples is shorter than one frame")
+    feat = torch.from_numpy(np.stack([fbank.get_frame(i) for i in range(num_frames)]))
     out = {k: v for k, v in sample.items() if k != "waveform"}
     out["feat"] = feat
     return out
