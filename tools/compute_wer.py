@@ -13,23 +13,16 @@ Usage:
         --per_utt exp/tiny_fsdd/decode_test/wer_per_utt
 """
 import argparse
+import os
 import sys
 from typing import Dict
 
 import jiwer
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from toolkit.utils.kaldi_files import read_table  # noqa: E402
+
 COUNTS = ("N", "C", "S", "D", "I")
-
-
-def read_kaldi_text(path: str) -> Dict[str, str]:
-    """``key words...`` per line -> {key: "words ..."} (a key alone means an empty transcript)."""
-    table = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            parts = line.split(maxsplit=1)
-            if parts:
-                table[parts[0]] = parts[1].strip() if len(parts) == 2 else ""
-    return table
 
 
 def _chunk_counts(chunks) -> Dict[str, int]:
@@ -75,7 +68,7 @@ def main():
     parser.add_argument("--cer", action="store_true", help="character error rate instead of word error rate")
     parser.add_argument("--per_utt", help="write per-utterance 'key N C S D I' lines here")
     args = parser.parse_args()
-    result = score(read_kaldi_text(args.ref), read_kaldi_text(args.hyp), args.cer)
+    result = score(read_table(args.ref), read_table(args.hyp), args.cer)
     for name, what in (("missing", "keys missing from hyp (scored as deletions)"),
                        ("extra", "hyp keys not in ref (ignored)")):
         keys = result[name]

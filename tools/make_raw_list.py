@@ -15,23 +15,15 @@ import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
-
-def read_two_columns(path: str) -> Dict[str, str]:
-    """``key rest-of-line`` per line -> {key: rest} (rest is "" for a key alone)."""
-    table = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            parts = line.split(maxsplit=1)
-            if parts:
-                table[parts[0]] = parts[1].strip() if len(parts) == 2 else ""
-    return table
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from toolkit.utils.kaldi_files import read_table  # noqa: E402
 
 
 def make_raw_list(wav_scp: str, text: str, wav_root: Optional[str] = None) -> Tuple[List[dict], List[str]]:
     """Return ``(entries, unmatched_keys)``: entries ``{"key","wav","txt"}`` in wav.scp order, and the sorted
     keys found in only one file."""
-    wavs = read_two_columns(wav_scp)
-    texts = read_two_columns(text)
+    wavs = read_table(wav_scp)
+    texts = read_table(text)
     entries = []
     for key, wav in wavs.items():
         if key in texts:

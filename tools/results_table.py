@@ -13,16 +13,16 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compute_wer import read_kaldi_text, score  # noqa: E402
+from compute_wer import read_table, score  # noqa: E402
 
 
 def table(data: str, exp_dir: str, test_sets: list, modes: list) -> list:
     """Rows ``(test_set, mode, utts, wer_dict, cer_dict)`` in the given order."""
     rows = []
     for test_set in test_sets:
-        ref = read_kaldi_text(os.path.join(data, test_set, "text"))
+        ref = read_table(os.path.join(data, test_set, "text"))
         for mode in modes:
-            hyp = read_kaldi_text(os.path.join(exp_dir, test_set, mode, "text"))
+            hyp = read_table(os.path.join(exp_dir, test_set, mode, "text"))
             rows.append((test_set, mode, len(ref), score(ref, hyp), score(ref, hyp, cer=True)))
     return rows
 

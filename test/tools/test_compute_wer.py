@@ -6,7 +6,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-from compute_wer import read_kaldi_text, score  # noqa: E402
+from compute_wer import read_table, score  # noqa: E402
 
 REF = {"u1": "A B C D", "u2": "THE CAT SAT", "u3": "HELLO"}
 HYP = {"u1": "A X C D E", "u2": "THE  SAT", "u9": "EXTRA"}
@@ -40,7 +40,7 @@ def test_command_line_report(tmp_path):
     ref, hyp, per_utt = tmp_path / "ref", tmp_path / "hyp", tmp_path / "per_utt"
     ref.write_text("".join(f"{k} {v}\n" for k, v in REF.items()))
     hyp.write_text("".join(f"{k} {v}\n" for k, v in HYP.items()))
-    assert read_kaldi_text(str(hyp)) == {"u1": "A X C D E", "u2": "THE  SAT", "u9": "EXTRA"}
+    assert read_table(str(hyp)) == {"u1": "A X C D E", "u2": "THE  SAT", "u9": "EXTRA"}
     run = subprocess.run([sys.executable, str(ROOT / "tools/compute_wer.py"), str(ref), str(hyp),
                           "--per_utt", str(per_utt)], capture_output=True, text=True, check=True)
     assert run.stdout.splitlines() == ["N=8 C=5 S=1 D=2 I=1", "WER 50.00 % [ 4 / 8 ]"]

@@ -30,7 +30,7 @@ from toolkit.dataset.pipeline import resolve_dataset_conf
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.join import FlagJoin
 from toolkit.engine import ENGINE_CHOICES, init_engine
-from toolkit.engine.executor import TrainProgress, cross_validate, train_one_epoch
+from toolkit.engine.executor import TrainProgress, cross_validate, epoch_summary, train_one_epoch
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import init_tokenizer
@@ -118,20 +118,8 @@ def main(argv=None) -> None:
         train_stats = train_one_epoch(engine, join, train_loader, progress, train_conf, writer,
                                       utts_per_rank * (max_epoch - epoch)).reduce()
         cv_stats = cross_validate(engine, cv_loader)
-        info = {"epoch": epoch, "step": progress.step, "lr": lr, "cv_loss": cv_stats.loss,
-                "train_loss": train_stats.loss, "train_utts": train_stats.num_utts, "cv_utts": cv_stats.num_utts,
-                "skipped": dict(train_stats.skipped), "dropped_batches": train_stats.dropped_batches,
-                "tag": f"epoch_{epoch}"}
+        info = epoch_summary(progress, lr, train_stats, cv_stats, ctx.is_main, writer)
         engine.save(os.path.join(args.model_dir, f"epoch_{epoch}.pt"), info)
-        if ctx.is_main:
-            logging.info("epoch %d done: step %d, train_loss %.3f (%d utts), cv_loss %.3f (%d utts), "
-                         "dropped batches %d, skipped utts train %s cv %s", epoch, progress.step,
-                         train_stats.loss, train_stats.num_utts, cv_stats.loss, cv_stats.num_utts,
-                         train_stats.dropped_batches, dict(train_stats.skipped), dict(cv_stats.skipped))
-            if writer is not None:
-                writer.add_scalar("cv/loss", cv_stats.loss, epoch)
-                writer.add_scalar("train/epoch_loss", train_stats.loss, epoch)
-                writer.flush()
     if writer is not None:
         writer.close()
     join.close()

@@ -46,6 +46,14 @@ class DistContext:
         return self.local_rank == 0
 
 
+_CURRENT: DistContext | None = None
+
+
+def current_context() -> DistContext | None:
+    """The context made by :func:`init_distributed` in this process, or None before it ran."""
+    return _CURRENT
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return default if value is None else int(value)
@@ -80,6 +88,8 @@ def init_distributed(timeout_s: float = 1800.0) -> DistContext:
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     ctx = DistContext(rank, world_size, local_rank, local_world_size, backend, device)
+    global _CURRENT
+    _CURRENT = ctx
     logging.info("rank %d/%d (local %d/%d) on %s, backend %s", rank, world_size, local_rank, local_world_size,
                  device, backend)
     return ctx

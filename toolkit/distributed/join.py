@@ -22,6 +22,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from toolkit.distributed.main_only import check_collective
+
 
 @dataclass
 class JoinReport:
@@ -53,6 +55,7 @@ class FlagJoin:
     def iterate(self, loader: Iterable, on_empty: Callable[[dict], None] = lambda batch: None) -> Iterator[dict]:
         """Yield this rank's batches while every rank still has one. Drains the rest afterwards (so the loader's
         workers finish and the dropped count is exact)."""
+        check_collective("join")
         self.report = JoinReport()
         it = iter(loader)
         while True:

@@ -12,9 +12,9 @@ import contextlib
 from typing import Any, ContextManager
 
 import torch
-import torch.distributed as dist
 
 from toolkit.distributed.context import DistContext
+from toolkit.distributed.main_only import barrier, check_collective
 from toolkit.utils.checkpoint import load_checkpoint, save_checkpoint
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -92,9 +92,10 @@ class Engine(abc.ABC):
     def save(self, path: str, info: dict[str, Any]) -> None:
         """Collective save: EVERY rank calls it. Global rank 0 writes ``path`` (``.pt``) and its ``.yaml``
         atomically; a barrier ends it, so no rank runs ahead of a checkpoint that is not on disk yet."""
+        check_collective("save_model")
         if self.ctx.is_main:
             save_checkpoint(path, self.state_dict(), info)
-        dist.barrier()
+        barrier("save_model")
 
     def load(self, path: str) -> None:
         """Resume from checkpoint ``path`` written by :meth:`save` (every rank calls it).

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.distributed.context import DistContext
+from toolkit.distributed.main_only import check_collective
 from toolkit.engine.base import Engine
 from toolkit.utils.checkpoint import MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, save_checkpoint
 from toolkit.utils.config import ConfigError
@@ -233,6 +234,7 @@ class DeepSpeedEngine(Engine):
 
     def save(self, path: str, info: dict[str, Any]) -> None:
         """Collective: every rank writes its shards, then rank 0 writes the consolidated fp32 ``path``."""
+        check_collective("save_model")
         model_dir, tag = _split(path)
         self.model.save_checkpoint(model_dir, tag=tag, save_latest=self.keep_shards)
         dist.barrier()  # every rank's shard is on disk before rank 0 reads them all
@@ -252,6 +254,7 @@ class DeepSpeedEngine(Engine):
             FileNotFoundError: on EVERY rank, when any rank cannot see one of the ``world_size`` shard files (e.g.
                 node-local disks, or shards dropped); the message names each rank's missing files.
         """
+        check_collective("load_model")
         model_dir, tag = _split(path)
         expected = expected_shard_files(model_dir, tag, self.ctx.world_size, self.stage, self.dtype == "bf16")
         missing = [f for f in expected if not os.path.exists(f)]

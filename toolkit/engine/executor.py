@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.distributed.join import FlagJoin
+from toolkit.distributed.main_only import check_collective
 from toolkit.engine.base import Engine
 
 FRAME_SHIFT_S = 0.01  # fbank frames are 10 ms apart
@@ -59,6 +60,7 @@ class EpochStats:
 
     def reduce(self) -> "EpochStats":
         """All ranks: sum the statistics over the job (a collective; never call it inside a join block)."""
+        check_collective("EpochStats.reduce")
         sums = torch.tensor([self.num_batches, self.num_utts, self.loss_sum, self.audio_s, self.dropped_batches],
                             dtype=torch.float64)
         dist.all_reduce(sums)
@@ -155,3 +157,21 @@ def cross_validate(engine: Engine, dataloader) -> EpochStats:
             out = model(*_to_device(batch, engine.ctx.device))
         stats.add(batch, float(out["loss"]))
     return stats.reduce()
+
+
+def epoch_summary(progress: TrainProgress, lr: float, train: EpochStats, cv: EpochStats, is_main: bool,
+                  writer=None) -> dict:
+    """The epoch's metadata (saved as the checkpoint's YAML), logged on the main process and written to tensorboard
+    when ``writer`` is given. ``train`` and ``cv`` must already be reduced over the ranks."""
+    info = {"epoch": progress.epoch, "step": progress.step, "lr": lr, "cv_loss": cv.loss, "train_loss": train.loss,
+            "train_utts": train.num_utts, "cv_utts": cv.num_utts, "skipped": dict(train.skipped),
+            "cv_skipped": dict(cv.skipped), "dropped_batches": train.dropped_batches, "tag": f"epoch_{progress.epoch}"}
+    if is_main:
+        logging.info("epoch %d done: step %d, train_loss %.3f (%d utts), cv_loss %.3f (%d utts), dropped batches %d, "
+                     "skipped utts train %s cv %s", progress.epoch, progress.step, train.loss, train.num_utts, cv.loss,
+                     cv.num_utts, train.dropped_batches, dict(train.skipped), dict(cv.skipped))
+    if writer is not None:
+        writer.add_scalar("cv/loss", cv.loss, progress.epoch)
+        writer.add_scalar("train/epoch_loss", train.loss, progress.epoch)
+        writer.flush()
+    return info
