@@ -47,9 +47,10 @@ class Engine(abc.ABC):
         scheduler. Returns the wrapped model (call it for forward)."""
 
     @property
-    @abc.abstractmethod
     def module(self) -> torch.nn.Module:
-        """The unwrapped model, for evaluation without collectives and for ``state_dict``."""
+        """The unwrapped model, for evaluation without collectives and for ``state_dict`` (both DDP and DeepSpeed
+        wrappers keep it as ``.module``)."""
+        return self.model.module
 
     def autocast(self) -> ContextManager:
         """Mixed-precision context for the forward pass (a no-op for fp32)."""

@@ -174,10 +174,6 @@ class DeepSpeedEngine(Engine):
         self.scheduler = scheduler
         return self.model
 
-    @property
-    def module(self) -> torch.nn.Module:
-        return self.model.module
-
     def accumulate(self, sync: bool) -> ContextManager:
         # NOTE: the executor owns the accumulation boundary (it restarts its count each epoch), so DeepSpeed's own
         # micro-step counter is overridden rather than trusted.

@@ -37,10 +37,6 @@ class TorchDDPEngine(Engine):
         self.scheduler = scheduler
         return self.model
 
-    @property
-    def module(self) -> torch.nn.Module:
-        return self.model.module
-
     def accumulate(self, sync: bool) -> ContextManager:
         return contextlib.nullcontext() if sync else self.model.no_sync()
 
