@@ -68,7 +68,11 @@ def main():
     parser.add_argument("--cer", action="store_true", help="character error rate instead of word error rate")
     parser.add_argument("--per_utt", help="write per-utterance 'key N C S D I' lines here")
     args = parser.parse_args()
-    result = score(read_table(args.ref), read_table(args.hyp), args.cer)
+    try:
+        ref, hyp = read_table(args.ref), read_table(args.hyp)
+    except OSError as e:
+        sys.exit(f"compute_wer.py: cannot read {e.filename}: {e.strerror}")
+    result = score(ref, hyp, args.cer)
     for name, what in (("missing", "keys missing from hyp (scored as deletions)"),
                        ("extra", "hyp keys not in ref (ignored)")):
         keys = result[name]

@@ -70,7 +70,12 @@ def _parse_like(old: Any, text: str, key: str) -> Any:
     if isinstance(old, str):
         return text
     # None, lists and mappings: YAML syntax ("[1, 2]", "{a: 1}", "null", "0.5").
-    return yaml.safe_load(text)
+    value = yaml.safe_load(text)
+    for kind in (dict, list):
+        if isinstance(old, kind) and not isinstance(value, kind):
+            raise ConfigError(f"override {key}: expected a YAML {kind.__name__} like the value it replaces, "
+                              f"got {text!r}")
+    return value
 
 
 def apply_overrides(config: dict, overrides: list[str]) -> dict:
@@ -111,6 +116,8 @@ def resolve_train_conf(config: dict) -> dict:
             ``accum_grad``/``max_epoch``.
     """
     given = config.get("train_conf") or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"train_conf must be a mapping of keys, got {given!r}")
     unknown = sorted(set(given) - set(TRAIN_CONF_DEFAULTS))
     if unknown:
         raise ConfigError(f"train_conf: unknown keys {unknown}; valid keys: {sorted(TRAIN_CONF_DEFAULTS)}")

@@ -5,14 +5,14 @@
 #   bash run.sh                                # everything, stages -1..5
 #   bash run.sh --stage 4 --stop_stage 4       # only training
 #   bash run.sh --corpus_dir /data/my_corpora --corpora "fsdd" --dir exp/fsdd
-#   bash run.sh --nproc_per_node 8 --train_config conf/train_conformer_gpu.yaml
+#   bash run.sh --nproc_per_node 8 --overrides "train_conf.max_epoch 100"   # GPUs: edit conf/train_conformer.yaml
 #   bash run.sh --num_nodes 2 --HOST_NODE_ADDR node0:29400   # run the same command on every node
 #
 #   bash run.sh --data_type shard              # tar shards (stage 3) instead of one file per utterance
 #
 # Stages: -1 corpus check, 0 data dirs, 1 global CMVN, 2 dictionary (char or BPE), 3 data.list (raw or shards),
 #         4 training, 5 averaging + decoding + scoring (RESULTS.md in the model dir).
-# Every variable below can be set as --name value.
+# Every variable below can be set as --name value; relative paths are relative to this directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 . ./path.sh
@@ -53,6 +53,13 @@ die() { echo "$0: $*" >&2; exit 1; }
 (( stage >= -1 && stop_stage <= 5 && stage <= stop_stage )) ||
   die "bad stage range $stage..$stop_stage: stages are -1..5 and --stage must not exceed --stop_stage"
 case $token_type in char|bpe) ;; *) die "--token_type must be char or bpe, got '$token_type'";; esac
+[[ $average_num =~ ^[0-9]+$ ]] || die "--average_num must be a non-negative integer, got '$average_num'"
+for m in $decode_modes; do
+  case $m in ctc_greedy_search|ctc_prefix_beam_search|attention|attention_rescoring) ;;
+    *) die "--decode_modes: unknown mode '$m'; choose from ctc_greedy_search ctc_prefix_beam_search attention attention_rescoring";;
+  esac
+done
+[ -n "${corpora// }" ] || die "--corpora is empty"
 case $data_type in raw|shard) ;; *) die "--data_type must be raw or shard, got '$data_type'";; esac
 [ -f "$train_config" ] || die "--train_config $train_config does not exist"
 if [ -z "$nproc_per_node" ]; then
@@ -61,8 +68,8 @@ if [ -z "$nproc_per_node" ]; then
 fi
 dict=$data/dict/units.txt
 bpemodel=$data/dict/bpe
-test_sets=""
-for c in $corpora; do test_sets="$test_sets test_$c"; done
+test_sets=$(for c in $corpora; do printf 'test_%s ' "$c"; done)
+test_sets=${test_sets% }
 SECONDS=0
 
 if (( stage <= -1 && stop_stage >= -1 )); then

@@ -28,6 +28,8 @@ def test_unknown_override_key_lists_valid_keys():
         apply_overrides(BASE, ["train_conf.max_epoch three"])
     with pytest.raises(ConfigError, match="expected"):
         apply_overrides(BASE, ["train_conf.max_epoch"])
+    with pytest.raises(ConfigError, match="expected a YAML dict"):
+        apply_overrides(BASE, ["train_conf 3"])
 
 
 def test_train_conf_validation():
