@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from collections import Counter
 
 import torch
@@ -27,7 +26,7 @@ from toolkit.dataset.pipeline import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
-from toolkit.utils.config import ConfigError, apply_overrides, load_config
+from toolkit.utils.config import apply_overrides, exit_on_config_error, load_config
 
 DECODE_MODES = ("ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring")
 
@@ -106,8 +105,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as e:
-        logging.error("%s", e)
-        sys.exit(2)
+    exit_on_config_error(main)

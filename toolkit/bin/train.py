@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 
 import torch
 
@@ -35,7 +34,8 @@ from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import load_info
-from toolkit.utils.config import ConfigError, apply_overrides, check_modify_and_save_config, load_config
+from toolkit.utils.config import (apply_overrides, check_modify_and_save_config, exit_on_config_error,
+                                  load_config)
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 from toolkit.utils.summary import init_summarywriter
 
@@ -128,8 +128,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as e:
-        logging.error("%s", e)
-        sys.exit(2)
+    exit_on_config_error(main)

@@ -30,6 +30,19 @@ class ConfigError(ValueError):
     """A config file or override names a key or value that does not exist; the message says what to fix."""
 
 
+def exit_on_config_error(main) -> None:
+    """Run a command-line ``main()``; a :class:`ConfigError` becomes one logged line and exit status 2 instead of a
+    traceback (the message already says what to fix)."""
+    import logging
+    import sys
+
+    try:
+        main()
+    except ConfigError as e:
+        logging.error("%s", e)
+        sys.exit(2)
+
+
 def load_config(path: str) -> dict:
     """Read a YAML config file into a dict.
 

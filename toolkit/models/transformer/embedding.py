@@ -10,7 +10,13 @@ from torch import nn
 
 
 def _sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """float32 (P, d_model) table: sin on even dims, cos on odd dims, for the given positions."""
+    """float32 (P, d_model) table: sin on even dims, cos on odd dims, for the given positions.
+
+    Raises:
+        ValueError: ``d_model`` is odd.
+    """
+    if d_model % 2:
+        raise ValueError(f"d_model must be even, got {d_model}")
     div_term = torch.exp(
         torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
     angles = positions.float().unsqueeze(1) * div_term
@@ -34,8 +40,6 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, dropout_rate: float, max_len: int = 5000):
         super().__init__()
-        if d_model % 2:
-            raise ValueError(f"d_model must be even, got {d_model}")
         self.xscale = math.sqrt(d_model)
         self.dropout = nn.Dropout(p=dropout_rate)
         # Not persistent: it is a pure function of the constructor arguments.
@@ -72,8 +76,6 @@ class RelPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, dropout_rate: float, max_len: int = 5000):
         super().__init__()
-        if d_model % 2:
-            raise ValueError(f"d_model must be even, got {d_model}")
         self.xscale = math.sqrt(d_model)
         self.max_len = max_len
         self.dropout = nn.Dropout(p=dropout_rate)
