@@ -2,7 +2,7 @@
 """Global CMVN statistics of Kaldi fbank features over a data.list or a wav.scp.
 
 Features follow ``dataset_conf.fbank_conf`` (and ``resample_conf``) of the training config, the same way the
-data pipeline computes them (kaldi-native-fbank, int16-scaled waveform, povey window, snip_edges) but with
+data pipeline computes them (Lhotse's Kaldi fbank, int16-scaled waveform, povey window, snip_edges) but with
 dither 0 so the statistics are deterministic. Unreadable or too-short files are reported and left out.
 
 Output JSON: ``{"mean_stat": [D sums of x], "var_stat": [D sums of x^2], "frame_num": total frames}``;

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO 1 and 2 checkpoints on 2 real gloo ranks: save on every rank, resume in fresh processes (the next
+"""DeepSpeed ZeRO 1, 2 and 3 checkpoints on 2 real gloo ranks: save on every rank, resume in fresh processes (the next
 steps' losses equal the uninterrupted run's), the consolidated fp32 ``.pt`` loads and averages like a torch_ddp
 one, and missing shard files stop every rank with a message naming them."""
 
@@ -32,7 +32,7 @@ def saved_runs(tmp_path_factory):
     """Per ZeRO stage: 5 steps with a save after step 3 (the uninterrupted run), then a resume of that save in
     fresh processes for steps 4-5."""
     runs = {}
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         base = tmp_path_factory.mktemp(f"zero{stage}")
         ds = ("--engine", "deepspeed", "--stage", str(stage))
         path = str(base / "full" / "epoch_0.pt")
@@ -44,7 +44,7 @@ def saved_runs(tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_resume_continues_the_uninterrupted_run(saved_runs, stage):
     _, _, full, resumed = saved_runs[stage]
     for rank in range(2):
@@ -70,7 +70,7 @@ def test_consolidated_checkpoint_loads_and_averages(saved_runs, tmp_path):
         paths.append(path)
     averaged = average_checkpoints(paths)
     for key, tensor in averaged.items():
-        expected = (load_checkpoint(paths[0])[MODEL_KEY][key] + load_checkpoint(paths[1])[MODEL_KEY][key]) / 2
+        expected = sum(load_checkpoint(p)[MODEL_KEY][key] for p in paths) / len(paths)
         torch.testing.assert_close(tensor, expected)
     dst = str(tmp_path / "avg.pt")
     average_main(["--src_path", os.path.dirname(paths[1]), "--num", "1", "--dst_model", dst])

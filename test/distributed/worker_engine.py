@@ -3,6 +3,7 @@ or resuming a checkpoint, and writes a JSON report (per-step losses, steps, para
 
     worker_engine.py OUT_DIR BATCHES_RANK0 BATCHES_RANK1 [--engine deepspeed --stage 2] [--skip N]
         [--save PATH [--save_after N]] [--resume PATH] [--drop_shards]
+        [--join_mode monitored_barrier --join_timeout_s S]
 
 Batch ``i`` of rank ``r`` is always the same utterances (from utterance ``40 r + batch_size i`` on, wrapping around
 the 80 training utterances), whatever the batch counts, so a resumed run with ``--skip`` sees exactly the batches
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_ctc import TinyCTC, make_batch, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
-from toolkit.distributed.join import FlagJoin  # noqa: E402
+from toolkit.distributed.join import init_join  # noqa: E402
 from toolkit.engine import init_engine  # noqa: E402
 from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
 from toolkit.utils.config import resolve_train_conf  # noqa: E402
@@ -39,6 +40,8 @@ parser.add_argument("--save", default=None, help="engine.save to this .pt (after
 parser.add_argument("--save_after", type=int, default=None, help="save after this many batches, then go on")
 parser.add_argument("--resume", default=None, help="engine.load from this .pt before training")
 parser.add_argument("--drop_shards", action="store_true")
+parser.add_argument("--join_mode", default="flag")
+parser.add_argument("--join_timeout_s", type=float, default=30.0)
 args = parser.parse_args()
 
 
@@ -64,7 +67,8 @@ offset = 40 * ctx.rank
 mine = [make_batch([utts[(offset + i * args.batch_size + j) % len(utts)] for j in range(args.batch_size)])
         for i in range(args.skip, args.batches[ctx.rank])]
 train_conf = resolve_train_conf({"train_conf": {"log_interval": 1, "grad_clip": 5.0,
-                                                 "accum_grad": args.accum_grad}})
+                                                 "accum_grad": args.accum_grad, "join_mode": args.join_mode,
+                                                 "join_timeout_s": args.join_timeout_s}})
 ds_config = os.path.join(args.out_dir, "ds_config.json")
 if ctx.is_main:
     with open(ds_config, "w") as f:
@@ -88,16 +92,18 @@ if args.resume:
             f.write(str(e))
         destroy_distributed()
         sys.exit(3)
-join = FlagJoin()
+join = init_join(train_conf)
 progress = TrainProgress()
 split = len(mine) if args.save_after is None else args.save_after
-train_one_epoch(engine, join, mine[:split], progress, train_conf)
+first = train_one_epoch(engine, join, mine[:split], progress, train_conf)
 dropped = join.report.dropped
 if args.save:
     engine.save(args.save, {"epoch": 0, "step": progress.step, "tag": "test"})
     report["params_at_save"] = {k: v.float().flatten().tolist() for k, v in engine.module.state_dict().items()}
-train_one_epoch(engine, join, mine[split:], progress, train_conf)
-report.update({"steps": progress.step, "dropped": dropped + join.report.dropped, "losses": model.losses,
+second = train_one_epoch(engine, join, mine[split:], progress, train_conf)
+report.update({"steps": progress.step, "dropped": dropped + join.report.dropped,
+               "dropped_utts": first.dropped_utts + second.dropped_utts,
+               "local_utts": first.num_utts + second.num_utts, "losses": model.losses,
                "step_s": [b - a for a, b in zip(model.times, model.times[1:])], "lr": engine.lr,
                "params": {k: v.float().flatten().tolist() for k, v in engine.module.state_dict().items()}})
 with open(os.path.join(args.out_dir, f"rank{ctx.rank}.json"), "w") as f:

@@ -1,6 +1,10 @@
 """One rank of an engine test: trains TinyCTC on this rank's share of real tiny_fsdd batches, writes a report.
 
     worker_train.py OUT_DIR BATCHES_RANK0 BATCHES_RANK1 [--accum_grad N] [--sleep_rank1_s S]
+        [--join_mode monitored_barrier --join_timeout_s S] [--epochs N] [--skipped_per_batch N]
+
+``--skipped_per_batch N`` marks every batch as carrying N utterances the pipeline filtered out (``num_skipped``), so
+the report can check that trained + dropped + skipped utterances add up to what the data offered.
 """
 
 import argparse
@@ -15,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_ctc import TinyCTC, make_batch, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
-from toolkit.distributed.join import FlagJoin  # noqa: E402
+from toolkit.distributed.join import init_join  # noqa: E402
 from toolkit.engine import init_engine  # noqa: E402
 from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
 from toolkit.utils.config import resolve_train_conf  # noqa: E402
@@ -27,6 +31,10 @@ parser.add_argument("batches", type=int, nargs="+", help="number of batches of e
 parser.add_argument("--batch_size", type=int, default=4)
 parser.add_argument("--accum_grad", type=int, default=1)
 parser.add_argument("--sleep_rank1_s", type=float, default=0.0)
+parser.add_argument("--join_mode", default="flag")
+parser.add_argument("--join_timeout_s", type=float, default=30.0)
+parser.add_argument("--epochs", type=int, default=1, help="train the same batches this many epochs")
+parser.add_argument("--skipped_per_batch", type=int, default=0)
 args = parser.parse_args()
 
 ctx = init_distributed(timeout_s=60)
@@ -35,6 +43,8 @@ utts = utterances()
 offset = sum(args.batches[: ctx.rank]) * args.batch_size
 mine = [make_batch(utts[offset + i * args.batch_size: offset + (i + 1) * args.batch_size])
         for i in range(args.batches[ctx.rank])]
+for batch in mine:
+    batch["num_skipped"] = {"too_short": args.skipped_per_batch} if args.skipped_per_batch else {}
 
 
 class SlowLoader:
@@ -45,22 +55,31 @@ class SlowLoader:
             yield batch
 
 
-train_conf = resolve_train_conf({"train_conf": {"accum_grad": args.accum_grad, "log_interval": 1}})
+train_conf = resolve_train_conf({"train_conf": {"accum_grad": args.accum_grad, "log_interval": 1,
+                                                 "join_mode": args.join_mode, "join_timeout_s": args.join_timeout_s}})
 model = TinyCTC()
 optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
                                                     {"warmup_steps": 2})
 engine = init_engine("torch_ddp", ctx, train_conf, find_unused_parameters=False)
 engine.prepare(model, optimizer, scheduler)
-join = FlagJoin()
+join = init_join(train_conf)
 progress = TrainProgress()
-stats = train_one_epoch(engine, join, SlowLoader(), progress, train_conf)
-report = {"rank": ctx.rank, "steps": progress.step, "join_steps": join.report.steps,
-          "dropped": join.report.dropped, "local_utts": stats.num_utts, "lr": engine.lr,
+epochs = []  # per epoch: this rank's optimizer steps, join report and reduced statistics
+for epoch in range(args.epochs):
+    start_step = progress.step
+    stats = train_one_epoch(engine, join, SlowLoader(), progress, train_conf)
+    reduced = stats.reduce()
+    epochs.append({"steps": progress.step - start_step, "join_steps": join.report.steps,
+                   "dropped": join.report.dropped, "dropped_utts": stats.dropped_utts,
+                   "missing_ranks": join.report.missing_ranks, "local_utts": stats.num_utts,
+                   "local_skipped": sum(stats.skipped.values()), "global_utts": reduced.num_utts,
+                   "global_dropped": reduced.dropped_batches, "global_dropped_utts": reduced.dropped_utts,
+                   "global_skipped": sum(reduced.skipped.values())})
+offered_utts = len(mine) * (args.batch_size + args.skipped_per_batch)  # per epoch, this rank
+report = {"rank": ctx.rank, "steps": progress.step, "offered_utts": offered_utts, "epochs": epochs, "lr": engine.lr,
           "params": [p.detach().flatten().tolist() for p in engine.module.parameters()],
-          "exp_avg": [s["exp_avg"].flatten().tolist() for s in optimizer.state.values()]}
-reduced = stats.reduce()
-report["global_utts"] = reduced.num_utts
-report["global_dropped"] = reduced.dropped_batches
+          "exp_avg": [s["exp_avg"].flatten().tolist() for s in optimizer.state.values()],
+          **{key: epochs[-1][key] for key in ("join_steps", "dropped", "local_utts", "global_utts", "global_dropped")}}
 with open(os.path.join(args.out_dir, f"rank{ctx.rank}.json"), "w") as f:
     json.dump(report, f)
 join.close()

@@ -11,7 +11,9 @@ Usage (the recipe's stage 4 runs this; 2 CPU processes with gloo, or one per GPU
 
 Multi-node: ``torchrun --nnodes=$num_nodes --nproc_per_node=8 --rdzv_backend=c10d
 --rdzv_endpoint=$HOST_NODE_ADDR --rdzv_id=$job_id -m toolkit.bin.train ...`` on every node.
-Resume with ``--checkpoint exp/conformer/epoch_3.pt`` (training continues at epoch 4).
+Resume with ``--checkpoint exp/conformer/epoch_3.pt`` (training continues at epoch 4) or with a mid-epoch
+``--checkpoint exp/conformer/step_1200.pt`` (saved with ``train_conf.save_interval_steps``/``save_interval_minutes``;
+training continues at the next batch of that epoch, bit-identical to an uninterrupted run).
 DeepSpeed ZeRO instead of DDP: add ``--train_engine deepspeed --deepspeed_config conf/ds_stage2.json`` (stage 1/2/3
 JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come from the YAML).
 """
@@ -27,15 +29,18 @@ import torch
 from toolkit.dataset import count_utterances, init_dataset_and_dataloader
 from toolkit.dataset.pipeline import resolve_dataset_conf
 from toolkit.distributed.context import destroy_distributed, init_distributed
-from toolkit.distributed.join import FlagJoin
+from toolkit.distributed.join import init_join
 from toolkit.engine import ENGINE_CHOICES, init_engine
-from toolkit.engine.executor import TrainProgress, cross_validate, epoch_summary, train_one_epoch
+from toolkit.engine.checkpointer import Checkpointer
+from toolkit.engine.executor import (RunningEpochStats, TrainProgress, cross_validate, epoch_summary,
+                                     train_one_epoch)
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import load_info
+from toolkit.utils.rng import RngState
 from toolkit.utils.config import (apply_overrides, check_modify_and_save_config, exit_on_config_error,
-                                  load_config)
+                                  fill_train_defaults, load_config)
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 from toolkit.utils.summary import init_summarywriter
 
@@ -49,7 +54,7 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cv_data", required=True, help="data.list of the cross-validation set")
     parser.add_argument("--model_dir", required=True, help="where checkpoints and train.yaml go")
     parser.add_argument("--tensorboard_dir", default="tensorboard")
-    parser.add_argument("--checkpoint", default=None, help="resume from this epoch_N.pt")
+    parser.add_argument("--checkpoint", default=None, help="resume from this epoch_N.pt, step_N.pt or init.pt")
     parser.add_argument("--train_engine", default="torch_ddp", choices=ENGINE_CHOICES)
     parser.add_argument("--deepspeed_config", default=None, help="DeepSpeed JSON (--train_engine deepspeed only)")
     parser.add_argument("--deepspeed_shards", default="keep", choices=("keep", "drop"),
@@ -65,11 +70,25 @@ def setup_logging(rank: int) -> None:
                         format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
 
 
+def resume(checkpointer: Checkpointer, path: str, progress: TrainProgress, train_set) -> None:
+    """Restore engine and saver hooks from ``path``; ``progress`` then says where training continues."""
+    restored = checkpointer.load(path)
+    if "progress" not in restored:  # written before saver hooks existed: continue after its epoch
+        info = load_info(path)
+        progress.epoch, progress.step = info["epoch"] + 1, info["step"]
+    if progress.data_seed != train_set.seed:
+        logging.warning("%s was trained with data seed %d, the config says %d: keeping the checkpoint's", path,
+                        progress.data_seed, train_set.seed)
+        train_set.seed = progress.data_seed
+    logging.info("resumed from %s: epoch %d after %d of its batches, step %d", path, progress.epoch,
+                 progress.batches_in_epoch, progress.step)
+
+
 def main(argv=None) -> None:
     args = get_args(argv)
     setup_logging(int(os.environ.get("RANK", 0)))
-    # 1. read the config and apply the command-line overrides
-    configs = apply_overrides(load_config(args.config), args.override_config)
+    # 1. read the config and apply the command-line overrides (any train_conf key, even one the YAML leaves out)
+    configs = apply_overrides(fill_train_defaults(load_config(args.config)), args.override_config)
     # 2. process group and rank context (torchrun environment, read once)
     ctx = init_distributed(args.pg_timeout_s)
     # 3. derived keys; rank 0 writes the effective train.yaml
@@ -97,29 +116,34 @@ def main(argv=None) -> None:
                          batch_conf=resolve_dataset_conf(configs["dataset_conf"])["batch_conf"],
                          keep_shards=args.deepspeed_shards == "keep")
     engine.prepare(model, optimizer, scheduler)
-    join = FlagJoin(is_empty=lambda batch: len(batch["keys"]) == 0)
-    # 9. resume
-    progress = TrainProgress()
+    join = init_join(train_conf, is_empty=lambda batch: len(batch["keys"]) == 0)
+    # 9. checkpoints (engine state + saver hooks: progress, per-rank RNG and epoch statistics); resume
+    progress = TrainProgress(data_seed=train_conf["seed"])
+    running = RunningEpochStats()
+    checkpointer = Checkpointer(engine, args.model_dir, train_conf)
+    checkpointer.register("progress", progress)
+    checkpointer.register("rng", RngState(), main_process_only=False)
+    checkpointer.register("epoch_stats", running, main_process_only=False)
     if args.checkpoint:
-        engine.load(args.checkpoint)
-        info = load_info(args.checkpoint)
-        progress = TrainProgress(epoch=info["epoch"] + 1, step=info["step"])
-        logging.info("resumed from %s: epoch %d, step %d", args.checkpoint, progress.epoch, progress.step)
-    # 10. the initial model, so a run killed in epoch 0 still leaves a loadable model
-    if progress.epoch == 0:
-        engine.save(os.path.join(args.model_dir, "init.pt"), {"epoch": -1, "step": 0, "tag": "init"})
+        resume(checkpointer, args.checkpoint, progress, train_set)
+    else:  # 10. the initial model, so a run killed in epoch 0 still leaves a loadable model
+        checkpointer.save("init", {"epoch": -1, "step": 0, "tag": "init"})
     # 11. epochs: train, cross-validate on every rank, save collectively
     max_epoch = train_conf["max_epoch"]
     utts_per_rank = -(-count_utterances(args.train_data, configs["dataset_conf"]) // ctx.world_size)
     for epoch in range(progress.epoch, max_epoch):
         progress.epoch = epoch
         train_set.set_epoch(epoch)
-        lr = engine.lr
+        # NOTE: the loader's own generator, reseeded per epoch, so a resumed job replays the same worker seeds.
+        train_loader.generator.manual_seed(progress.data_seed + epoch)
+        if progress.batches_in_epoch == 0:
+            progress.epoch_lr = engine.lr
         train_stats = train_one_epoch(engine, join, train_loader, progress, train_conf, writer,
-                                      utts_per_rank * (max_epoch - epoch)).reduce()
+                                      utts_per_rank * (max_epoch - epoch), checkpointer, running).reduce()
         cv_stats = cross_validate(engine, cv_loader)
-        info = epoch_summary(progress, lr, train_stats, cv_stats, ctx.is_main, writer)
-        engine.save(os.path.join(args.model_dir, f"epoch_{epoch}.pt"), info)
+        info = epoch_summary(progress, progress.epoch_lr, train_stats, cv_stats, ctx.is_main, writer)
+        progress.epoch = epoch + 1  # what the checkpoint resumes: the next epoch from its start
+        checkpointer.save(f"epoch_{epoch}", info)
     if writer is not None:
         writer.close()
     join.close()

@@ -31,6 +31,7 @@ import random
 from collections import Counter
 from typing import Iterator, List, Optional
 
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from toolkit.dataset import processor, shard
@@ -118,7 +119,7 @@ def _build_pipeline(lines: List[str], tokenizer, conf: dict, mode: str, rng: ran
     samples = per_sample(samples, processor.tokenize, tokenizer=tokenizer, **conf["tokenize_conf"])
     samples = per_sample(samples, processor.filter_sample, **conf["filter_conf"])
     fbank_conf = dict(conf["fbank_conf"], dither=conf["fbank_conf"]["dither"] if train else 0.0)
-    samples = per_sample(samples, processor.compute_fbank, **fbank_conf)
+    samples = per_sample(samples, processor.compute_fbank, rng=rng, **fbank_conf)
     if train and conf["spec_aug"]:
         samples = per_sample(samples, processor.spec_aug, rng=rng, **conf["spec_aug_conf"])
     if conf["sort"]:
@@ -246,11 +247,17 @@ def build_dataloader(dataset: AsrDataset, dataset_conf: Optional[dict]) -> DataL
     ``dataset_conf.dataloader_conf`` sets num_workers, prefetch_factor, pin_memory and persistent_workers
     (defaults 1, 4, false, false); the last two worker-only options are dropped when num_workers is 0.
 
+    The loader gets its own ``torch.Generator`` seeded with ``dataset.seed`` (reseed it per epoch through
+    ``loader.generator``). NOTE: without one, every ``iter(loader)`` draws the workers' base seed from the global
+    torch RNG, so where dropout's random stream stands would depend on how many loaders were iterated (an exact
+    resume would diverge).
+
     Raises:
         ValueError: unknown ``dataset_conf`` key.
     """
     loader_conf = resolve_dataset_conf(dataset_conf)["dataloader_conf"]
-    kwargs = {"batch_size": None, "num_workers": loader_conf["num_workers"], "pin_memory": loader_conf["pin_memory"]}
+    kwargs = {"batch_size": None, "num_workers": loader_conf["num_workers"], "pin_memory": loader_conf["pin_memory"],
+              "generator": torch.Generator().manual_seed(dataset.seed)}
     if loader_conf["num_workers"] > 0:
         kwargs.update(prefetch_factor=loader_conf["prefetch_factor"],
                       persistent_workers=loader_conf["persistent_workers"])

@@ -15,7 +15,7 @@ import torch
 
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import barrier, check_collective
-from toolkit.utils.checkpoint import load_checkpoint, save_checkpoint
+from toolkit.utils.checkpoint import EXTRA_KEY, load_checkpoint, save_checkpoint
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -90,18 +90,25 @@ class Engine(abc.ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; optimizer/scheduler entries are optional."""
 
-    def save(self, path: str, info: dict[str, Any]) -> None:
-        """Collective save: EVERY rank calls it. Global rank 0 writes ``path`` (``.pt``) and its ``.yaml``
-        atomically; a barrier ends it, so no rank runs ahead of a checkpoint that is not on disk yet."""
+    def save(self, path: str, info: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        """Collective save: EVERY rank calls it. Global rank 0 writes ``path`` (``.pt``, with ``extra`` under
+        ``EXTRA_KEY`` when given) and its ``.yaml`` atomically; a barrier ends it, so no rank runs ahead of a
+        checkpoint that is not on disk yet."""
         check_collective("save_model")
         if self.ctx.is_main:
-            save_checkpoint(path, self.state_dict(), info)
+            state = self.state_dict()
+            if extra is not None:
+                state[EXTRA_KEY] = extra
+            save_checkpoint(path, state, info)
         barrier("save_model")
 
-    def load(self, path: str) -> None:
-        """Resume from checkpoint ``path`` written by :meth:`save` (every rank calls it).
+    def load(self, path: str) -> dict[str, Any]:
+        """Resume from checkpoint ``path`` written by :meth:`save` (every rank calls it). Returns the ``extra``
+        entry (``{}`` when absent) for the caller's saver hooks.
 
         Raises:
             FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
         """
-        self.load_state_dict(load_checkpoint(path))
+        state = load_checkpoint(path)
+        self.load_state_dict(state)
+        return state.get(EXTRA_KEY, {})

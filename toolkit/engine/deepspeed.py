@@ -20,6 +20,14 @@ call hangs), then global rank 0 writes a consolidated fp32 ``{tag}.pt`` + ``{tag
 :mod:`toolkit.utils.checkpoint`, read by ``average_model.py``, ``recognize.py`` and a torch_ddp resume like any
 other checkpoint. The shard directory ``{model_dir}/{tag}/`` holds the optimizer state; :meth:`DeepSpeedEngine.load`
 needs it (it refuses to resume with fresh optimizer state).
+
+ZeRO-3 and cross-validation: the executor evaluates the unwrapped module on each rank's share of the CV set without
+a join, and under ZeRO-3 a forward gathers the partitioned parameters (a collective). With DeepSpeed's defaults
+(``stage3_max_reuse_distance`` and ``stage3_max_live_parameters`` of 1e9) the parameters gathered by the first CV
+forward stay gathered for the rest of the evaluation, so CV shares of unequal batch counts need no collective after
+the first batch (measured: 3 vs 2 CV batches on 2 ranks give the ZeRO-2 run's cv_loss to 3 decimals). NOTE: every
+rank must hold at least one CV batch, and lowering those two limits below the model's size would make later CV
+forwards collective again.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ import torch.distributed as dist
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import check_collective
 from toolkit.engine.base import Engine
-from toolkit.utils.checkpoint import MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, save_checkpoint
+from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, load_extra_state,
+                                      save_checkpoint)
 from toolkit.utils.config import ConfigError
 
 
@@ -73,11 +82,18 @@ def check_deepspeed_config(ds_config: dict, train_conf: dict, batch_conf: dict, 
 
     Raises:
         ConfigError: a value differs (the message names both values), the JSON has ``optimizer``/``scheduler``
-            sections (the YAML's are used), or ``train_batch_size`` is set (it is derived).
+            sections (the YAML's are used), ``train_batch_size`` is set (it is derived), or ZeRO >= 1 with
+            ``accum_grad`` > 1 meets ``join_mode: monitored_barrier``.
     """
     conf = json.loads(json.dumps(ds_config))
     problems = [f"{path}: '{key}' is not allowed: the YAML's optim/scheduler are passed to DeepSpeed"
                 for key in ("optimizer", "scheduler") if key in conf]
+    if train_conf.get("join_mode") == "monitored_barrier" and train_conf["accum_grad"] > 1 and zero_stage(conf) > 0:
+        # NOTE: that join cannot tell ranks which step is the epoch's last, so a cut-short accumulation would stay
+        # in ZeRO's gradient partitions (which zero_grad does not clear) and leak into the next epoch's first step.
+        problems.append(f"{path}: ZeRO stage {zero_stage(conf)} with train_conf.accum_grad "
+                        f"{train_conf['accum_grad']} needs train_conf.join_mode flag (monitored_barrier cannot end "
+                        "an epoch on an accumulation boundary)")
     if "train_batch_size" in conf:
         problems.append(f"{path}: remove 'train_batch_size'; it is micro batch x accum_grad x world size")
     pairs = [("gradient_accumulation_steps", train_conf["accum_grad"], "train_conf.accum_grad"),
@@ -228,8 +244,9 @@ class DeepSpeedEngine(Engine):
         if SCHEDULER_KEY in state:
             self.scheduler.load_state_dict(state[SCHEDULER_KEY])
 
-    def save(self, path: str, info: dict[str, Any]) -> None:
-        """Collective: every rank writes its shards, then rank 0 writes the consolidated fp32 ``path``."""
+    def save(self, path: str, info: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        """Collective: every rank writes its shards, then rank 0 writes the consolidated fp32 ``path`` (with
+        ``extra`` under ``EXTRA_KEY`` when given)."""
         check_collective("save_model")
         model_dir, tag = _split(path)
         self.model.save_checkpoint(model_dir, tag=tag, save_latest=self.keep_shards)
@@ -238,13 +255,17 @@ class DeepSpeedEngine(Engine):
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
             model_state = get_fp32_state_dict_from_zero_checkpoint(model_dir, tag)
-            save_checkpoint(path, {MODEL_KEY: model_state, SCHEDULER_KEY: self.scheduler.state_dict()}, info)
+            state = {MODEL_KEY: model_state, SCHEDULER_KEY: self.scheduler.state_dict()}
+            if extra is not None:
+                state[EXTRA_KEY] = extra
+            save_checkpoint(path, state, info)
             if not self.keep_shards:
                 shutil.rmtree(os.path.join(model_dir, tag))
         dist.barrier()
 
-    def load(self, path: str) -> None:
-        """Resume model, optimizer and scheduler from the shards beside ``path`` (``{model_dir}/{tag}/``).
+    def load(self, path: str) -> dict[str, Any]:
+        """Resume model, optimizer and scheduler from the shards beside ``path`` (``{model_dir}/{tag}/``). Returns
+        the ``extra`` entry of ``path`` (``{}`` when absent) for the caller's saver hooks.
 
         Raises:
             FileNotFoundError: on EVERY rank, when any rank cannot see one of the ``world_size`` shard files (e.g.
@@ -263,6 +284,7 @@ class DeepSpeedEngine(Engine):
                                                   load_lr_scheduler_states=True)
         if load_path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {model_dir}")
+        return load_extra_state(path)
 
 
 def _split(path: str) -> tuple[str, str]:

@@ -8,18 +8,22 @@ reported epoch loss is the exact utterance-weighted mean over every rank's data.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from toolkit.distributed.join import FlagJoin
+from toolkit.distributed.join import FlagJoin, MonitoredBarrierJoin
 from toolkit.distributed.main_only import check_collective
 from toolkit.engine.base import Engine
+from toolkit.engine.checkpointer import Checkpointer
 
 FRAME_SHIFT_S = 0.01  # fbank frames are 10 ms apart
 MODEL_INPUT_KEYS = ("feats", "feats_lengths", "target", "target_lengths")
@@ -27,10 +31,25 @@ MODEL_INPUT_KEYS = ("feats", "feats_lengths", "target", "target_lengths")
 
 @dataclass
 class TrainProgress:
-    """Where training stands; saved in each checkpoint's YAML."""
+    """Where training continues; a saver hook (main process only) of every checkpoint.
+
+    After a finished epoch, ``epoch`` is the next one and ``batches_in_epoch`` is 0. Inside an epoch (a ``step_N``
+    checkpoint) ``batches_in_epoch`` counts the batches the join has yielded so far (the same on every rank); a
+    resume replays the epoch's data order (``data_seed`` + ``epoch``) and skips them.
+    """
 
     epoch: int = 0
     step: int = 0  # optimizer steps taken so far (all epochs)
+    batches_in_epoch: int = 0
+    data_seed: int = 0  # the dataset's shuffling seed (train_conf.seed)
+    epoch_lr: float = 0.0  # the LR when the epoch started (its YAML's ``lr``, also after a mid-epoch resume)
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
 
 
 @dataclass
@@ -43,6 +62,7 @@ class EpochStats:
     audio_s: float = 0.0
     skipped: Counter = field(default_factory=Counter)
     dropped_batches: int = 0  # held by this rank when another rank ran out (see toolkit.distributed.join)
+    dropped_utts: int = 0  # utterances in those batches: num_utts + dropped_utts + sum(skipped) = data offered
 
     @property
     def loss(self) -> float:
@@ -58,48 +78,97 @@ class EpochStats:
         self.loss_sum += loss * num_utts
         self.audio_s += float(batch["feats_lengths"].sum()) * FRAME_SHIFT_S
 
+    def add_dropped(self, batch: dict) -> None:
+        """A batch the join dropped: its utterances count as dropped, its skip counts still count as skipped."""
+        self.skipped.update(batch.get("num_skipped", {}))
+        self.dropped_utts += len(batch["keys"])
+
     def reduce(self) -> "EpochStats":
         """All ranks: sum the statistics over the job (a collective; never call it inside a join block)."""
         check_collective("EpochStats.reduce")
-        sums = torch.tensor([self.num_batches, self.num_utts, self.loss_sum, self.audio_s, self.dropped_batches],
-                            dtype=torch.float64)
+        sums = torch.tensor([self.num_batches, self.num_utts, self.loss_sum, self.audio_s, self.dropped_batches,
+                             self.dropped_utts], dtype=torch.float64)
         dist.all_reduce(sums)
         counters: list = [None] * dist.get_world_size()
         dist.all_gather_object(counters, dict(self.skipped))
         skipped = Counter()
         for counter in counters:
             skipped.update(counter)
-        return EpochStats(int(sums[0]), int(sums[1]), float(sums[2]), float(sums[3]), skipped, int(sums[4]))
+        return EpochStats(num_batches=int(sums[0]), num_utts=int(sums[1]), loss_sum=float(sums[2]),
+                          audio_s=float(sums[3]), skipped=skipped, dropped_batches=int(sums[4]),
+                          dropped_utts=int(sums[5]))
+
+
+class RunningEpochStats:
+    """Saver hook (per rank): this rank's unreduced statistics of the epoch in progress, so that an epoch resumed
+    from a ``step_N`` checkpoint still reports the whole epoch in its YAML."""
+
+    def __init__(self):
+        self.stats = EpochStats()
+
+    def state_dict(self) -> dict:
+        # NOTE: not dataclasses.asdict: it rebuilds a Counter from (key, value) pairs, counting the pairs.
+        return {f.name: copy.deepcopy(getattr(self.stats, f.name)) for f in dataclasses.fields(EpochStats)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stats = EpochStats(**state)
+
+
+def _skip_consumed(loader: Iterable, num_batches: int, is_empty: Callable[[dict], bool]) -> Iterator[dict]:
+    """What ``loader`` yields after its first ``num_batches`` non-empty batches. The empty batches among those are
+    dropped too: their skip counts are already in the restored statistics."""
+    it = iter(loader)
+    seen = 0
+    while seen < num_batches:
+        batch = next(it, None)
+        if batch is None:
+            logging.warning("resume: the epoch has only %d batches, the checkpoint consumed %d", seen, num_batches)
+            return
+        seen += not is_empty(batch)
+    yield from it
 
 
 def _to_device(batch: dict, device: torch.device) -> list[torch.Tensor]:
     return [batch[key].to(device, non_blocking=True) for key in MODEL_INPUT_KEYS]
 
 
-def train_one_epoch(engine: Engine, join: FlagJoin, dataloader, progress: TrainProgress, train_conf: dict,
-                    writer=None, utts_per_rank_total: int = 0) -> EpochStats:
-    """Train one epoch on this rank's share of the data; returns this rank's (unreduced) statistics.
+def train_one_epoch(engine: Engine, join: FlagJoin | MonitoredBarrierJoin, dataloader, progress: TrainProgress,
+                    train_conf: dict, writer=None, utts_per_rank_total: int = 0,
+                    checkpointer: Checkpointer | None = None, running: RunningEpochStats | None = None) -> EpochStats:
+    """Train one epoch (or its rest, after a mid-epoch resume) on this rank's share of the data; returns this rank's
+    (unreduced) statistics of the whole epoch.
 
     Args:
         engine: a prepared engine (its model is in train mode after this call).
         join: keeps the ranks in lock-step; every rank takes the same number of steps.
         dataloader: yields batch dicts; B=0 batches carry only skip counts.
-        progress: updated in place (``step``).
+        progress: updated in place (``step``, ``batches_in_epoch``, which is 0 again after the epoch). With
+            ``batches_in_epoch`` > 0 on entry (a resume) the loader replays the epoch and that many batches are
+            skipped, and ``running`` must hold the restored statistics.
         train_conf: resolved ``train_conf`` (``accum_grad``, ``log_interval``).
         writer: rank 0's tensorboard ``SummaryWriter`` or None.
         utts_per_rank_total: utterances this rank will see over all remaining epochs, for the ETA.
+        checkpointer: asked after every optimizer step whether a ``step_N`` checkpoint is due (collective).
+        running: the saver hook holding the epoch's statistics while it runs.
     """
     model = engine.model
     model.train()
     accum_grad = train_conf["accum_grad"]
     log_interval = train_conf["log_interval"]
-    stats = EpochStats()
+    running = running if running is not None else RunningEpochStats()
+    if progress.batches_in_epoch == 0:
+        running.stats = EpochStats()
+    else:
+        logging.info("resuming epoch %d after its first %d batches", progress.epoch, progress.batches_in_epoch)
+        dataloader = _skip_consumed(dataloader, progress.batches_in_epoch, join.is_empty)
+    stats = running.stats
     start = time.perf_counter()
     micro = 0  # micro-batches since the last optimizer step
     engine.zero_grad()
-    for batch in join.iterate(dataloader, on_empty=lambda b: stats.add(b, None)):
+    for batch in join.iterate(dataloader, on_empty=lambda b: stats.add(b, None), on_dropped=stats.add_dropped):
         micro += 1
-        sync = micro == accum_grad
+        progress.batches_in_epoch += 1
+        sync = micro == accum_grad or join.is_last  # the epoch's last micro-batches still make a step
         with engine.accumulate(sync):
             with engine.autocast():
                 out = model(*_to_device(batch, engine.ctx.device))
@@ -117,8 +186,14 @@ def train_one_epoch(engine: Engine, join: FlagJoin, dataloader, progress: TrainP
         if progress.step % log_interval == 0 and engine.ctx.is_main:
             _log_step(progress, stats, out, loss, lr, grad_norm, time.perf_counter() - start,
                       utts_per_rank_total, writer)
+        # NOTE: only here, at an optimizer-step boundary: a checkpoint never holds half an accumulation.
+        if checkpointer is not None and checkpointer.step_due(progress.step):
+            checkpointer.save(f"step_{progress.step}", {"epoch": progress.epoch, "step": progress.step,
+                                                        "batches_in_epoch": progress.batches_in_epoch,
+                                                        "lr": engine.lr, "tag": f"step_{progress.step}"})
+    progress.batches_in_epoch = 0
     stats.dropped_batches = join.report.dropped
-    engine.zero_grad()  # an incomplete accumulation never leaks into the next epoch
+    engine.zero_grad()  # monitored_barrier mode cannot know the last step: its cut-short accumulation is dropped
     return stats
 
 
@@ -165,11 +240,13 @@ def epoch_summary(progress: TrainProgress, lr: float, train: EpochStats, cv: Epo
     when ``writer`` is given. ``train`` and ``cv`` must already be reduced over the ranks."""
     info = {"epoch": progress.epoch, "step": progress.step, "lr": lr, "cv_loss": cv.loss, "train_loss": train.loss,
             "train_utts": train.num_utts, "cv_utts": cv.num_utts, "skipped": dict(train.skipped),
-            "cv_skipped": dict(cv.skipped), "dropped_batches": train.dropped_batches, "tag": f"epoch_{progress.epoch}"}
+            "cv_skipped": dict(cv.skipped), "dropped_batches": train.dropped_batches,
+            "dropped_utts": train.dropped_utts, "tag": f"epoch_{progress.epoch}"}
     if is_main:
-        logging.info("epoch %d done: step %d, train_loss %.3f (%d utts), cv_loss %.3f (%d utts), dropped batches %d, "
-                     "skipped utts train %s cv %s", progress.epoch, progress.step, train.loss, train.num_utts, cv.loss,
-                     cv.num_utts, train.dropped_batches, dict(train.skipped), dict(cv.skipped))
+        logging.info("epoch %d done: step %d, train_loss %.3f (%d utts), cv_loss %.3f (%d utts), dropped batches %d "
+                     "(%d utts), skipped utts train %s cv %s", progress.epoch, progress.step, train.loss,
+                     train.num_utts, cv.loss, cv.num_utts, train.dropped_batches, train.dropped_utts,
+                     dict(train.skipped), dict(cv.skipped))
     if writer is not None:
         writer.add_scalar("cv/loss", cv.loss, progress.epoch)
         writer.add_scalar("train/epoch_loss", train.loss, progress.epoch)

@@ -9,6 +9,10 @@ Keys inside ``{tag}.pt`` (named, so a loader never relies on order):
     optimizer:  optimizer ``state_dict``            (absent in averaged/exported models)
     scheduler:  LR scheduler ``state_dict``          (idem)
     scaler:     fp16 ``GradScaler`` ``state_dict``    (only with dtype fp16)
+    extra:      saver-hook states (training checkpoints only): ``{"main": {name: state}, "per_rank": {name:
+                [state of rank 0, rank 1, ...]}}`` (see :mod:`toolkit.engine.checkpointer`)
+
+Tags: ``epoch_{N}`` after epoch N, ``step_{N}`` after optimizer step N inside an epoch, ``init`` before training.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import tempfile
 from typing import Any, Callable
 
@@ -26,6 +31,7 @@ MODEL_KEY = "model"
 OPTIMIZER_KEY = "optimizer"
 SCHEDULER_KEY = "scheduler"
 SCALER_KEY = "scaler"
+EXTRA_KEY = "extra"
 
 
 def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb") -> None:
@@ -71,6 +77,19 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     return state
 
 
+def load_extra_state(path: str) -> dict[str, Any]:
+    """The saver-hook states (``extra`` entry) of checkpoint ``path``, or ``{}`` when it has none. The file is
+    memory-mapped, so the model tensors beside them are not read.
+
+    Raises:
+        FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
+    """
+    yaml_path = re.sub(r"\.pt$", ".yaml", path)
+    if not os.path.exists(yaml_path):
+        raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True).get(EXTRA_KEY, {})
+
+
 def load_info(path: str) -> dict[str, Any]:
     """Read the metadata YAML of checkpoint ``path`` (``x.pt`` or ``x.yaml``)."""
     with open(re.sub(r"\.pt$", ".yaml", path), encoding="utf-8") as f:
@@ -78,7 +97,8 @@ def load_info(path: str) -> dict[str, Any]:
 
 
 def list_checkpoints(model_dir: str, pattern: str = "epoch_*.pt") -> list[str]:
-    """Committed checkpoints (those with their ``.yaml``) in ``model_dir`` matching ``pattern``, sorted by epoch/step."""
+    """Committed checkpoints (those with their ``.yaml``) in ``model_dir`` matching ``pattern``, sorted by the number
+    in their name (use one prefix per call: ``epoch_3`` and ``step_3`` are different counters)."""
     paths = [p for p in glob.glob(os.path.join(model_dir, pattern)) if os.path.exists(p[:-3] + ".yaml")]
 
     def number(p: str) -> int:
@@ -86,3 +106,23 @@ def list_checkpoints(model_dir: str, pattern: str = "epoch_*.pt") -> list[str]:
         return int(m.group(1)) if m else -1
 
     return sorted(paths, key=number)
+
+
+def delete_checkpoint(path: str) -> list[str]:
+    """Remove checkpoint ``path``: its ``.yaml`` (the commit marker) first, so a crash half-way leaves an
+    uncommitted ``.pt`` that loaders ignore, then the ``.pt`` and the DeepSpeed shard directory ``{tag}/`` beside
+    it. Files already gone are no error. Returns the paths removed.
+    """
+    removed = []
+    yaml_path = re.sub(r"\.pt$", ".yaml", path)
+    for file in (yaml_path, path):
+        try:
+            os.unlink(file)
+        except FileNotFoundError:
+            continue
+        removed.append(file)
+    shard_dir = path[: -len(".pt")]
+    if os.path.isdir(shard_dir):
+        shutil.rmtree(shard_dir)
+        removed.append(shard_dir)
+    return removed

@@ -22,8 +22,17 @@ TRAIN_CONF_DEFAULTS: dict[str, Any] = {
     "log_interval": 20,
     "dtype": "fp32",
     "seed": 777,
+    # NOTE: checkpoint policy (toolkit/engine/checkpointer.py); 0 disables an interval / keeps everything.
+    "save_interval_steps": 0,
+    "save_interval_minutes": 0.0,
+    "keep_last_n": 0,
+    "keep_best_n": 5,  # epoch checkpoints with the lowest cv_loss that keep_last_n never deletes (average_model)
+    # NOTE: uneven data across ranks (toolkit/distributed/join.py); the timeout is used by monitored_barrier only.
+    "join_mode": "flag",
+    "join_timeout_s": 30.0,
 }
 DTYPE_CHOICES = ("fp32", "bf16", "fp16")
+JOIN_MODE_CHOICES = ("flag", "monitored_barrier")
 
 
 class ConfigError(ValueError):
@@ -121,12 +130,26 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
     return config
 
 
+def fill_train_defaults(config: dict) -> dict:
+    """A copy of ``config`` whose ``train_conf`` has every key of :data:`TRAIN_CONF_DEFAULTS` (values are checked
+    later, by :func:`resolve_train_conf`), so that an override can set a key the YAML leaves out.
+
+    Raises:
+        ConfigError: ``train_conf`` is not a mapping.
+    """
+    given = config.get("train_conf") or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"train_conf must be a mapping of keys, got {given!r}")
+    return {**config, "train_conf": {**TRAIN_CONF_DEFAULTS, **given}}
+
+
 def resolve_train_conf(config: dict) -> dict:
     """Fill ``train_conf`` with defaults and check every key and choice.
 
     Raises:
-        ConfigError: an unknown ``train_conf`` key (message lists the valid ones), a bad dtype, or a non-positive
-            ``accum_grad``/``max_epoch``.
+        ConfigError: an unknown ``train_conf`` key (message lists the valid ones), a bad dtype, a non-positive
+            ``accum_grad``/``max_epoch``, a negative checkpoint interval/retention count, a ``join_mode`` not in
+            ``JOIN_MODE_CHOICES`` or a non-positive ``join_timeout_s``.
     """
     given = config.get("train_conf") or {}
     if not isinstance(given, dict):
@@ -140,6 +163,17 @@ def resolve_train_conf(config: dict) -> dict:
     for key in ("accum_grad", "max_epoch", "log_interval"):
         if not isinstance(conf[key], int) or conf[key] < 1:
             raise ConfigError(f"train_conf.{key} must be a positive integer, got {conf[key]!r}")
+    for key in ("save_interval_steps", "keep_last_n", "keep_best_n"):
+        if isinstance(conf[key], bool) or not isinstance(conf[key], int) or conf[key] < 0:
+            raise ConfigError(f"train_conf.{key} must be a non-negative integer (0 disables), got {conf[key]!r}")
+    minutes = conf["save_interval_minutes"]
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes < 0:
+        raise ConfigError(f"train_conf.save_interval_minutes must be a non-negative number, got {minutes!r}")
+    if conf["join_mode"] not in JOIN_MODE_CHOICES:
+        raise ConfigError(f"train_conf.join_mode: {conf['join_mode']!r} is not one of {list(JOIN_MODE_CHOICES)}")
+    timeout = conf["join_timeout_s"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError(f"train_conf.join_timeout_s must be a positive number of seconds, got {timeout!r}")
     return conf
 
 

@@ -70,3 +70,13 @@ def test_shard_file_names():
         "/m/epoch_1/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     assert expected_shard_files("/m", "t", 2, 3, False)[:2] == [
         "/m/t/zero_pp_rank_0_mp_rank_00_model_states.pt", "/m/t/zero_pp_rank_1_mp_rank_00_model_states.pt"]
+
+
+def test_monitored_barrier_join_refuses_zero_accumulation():
+    monitored = dict(TRAIN_CONF, join_mode="monitored_barrier")
+    with pytest.raises(ConfigError, match="join_mode flag"):
+        check_deepspeed_config({"zero_optimization": {"stage": 2}}, monitored, STATIC)
+    # accum_grad 1, ZeRO-0 or the flag join are fine.
+    check_deepspeed_config({"zero_optimization": {"stage": 2}}, dict(monitored, accum_grad=1), STATIC)
+    check_deepspeed_config({"zero_optimization": {"stage": 0}}, monitored, STATIC)
+    check_deepspeed_config({"zero_optimization": {"stage": 2}}, TRAIN_CONF, STATIC)

@@ -1,0 +1,166 @@
+"""Checkpoint policy: when to save (epochs, optimizer steps, minutes), what goes in besides the engine's state
+(saver hooks), and which old checkpoints to delete (``keep_last_n``).
+
+Every method that saves is collective (every rank calls it at the same optimizer-step boundary); the rules:
+
+* Steps: ``save_interval_steps`` is decided from the optimizer step count, identical on every rank, so it needs no
+  collective. Minutes: ``save_interval_minutes`` is decided by global rank 0 alone from its clock and broadcast, so
+  ranks whose clocks disagree (other nodes, a slow rank) still save at the same step. A disabled interval (0)
+  costs nothing; an enabled minutes interval costs one 1-element broadcast per optimizer step.
+* Saver hooks: one registry of objects with ``state_dict``/``load_state_dict``. ``main_process_only=True``
+  (default): rank 0's state is stored and every rank loads it. ``False``: every rank's state is gathered to rank 0
+  and stored per rank in the same ``.pt``, so the one ``.yaml`` commit marker covers all of them; on load each rank
+  takes its own (when the world size changed they are not restored and a warning says so).
+* Retention: after a save, between the save's barrier and one more, rank 0 alone deletes the oldest committed
+  ``step_*``/``epoch_*`` checkpoints beyond ``keep_last_n``, never the one just written and never the
+  ``keep_best_n`` epoch checkpoints with the lowest ``cv_loss`` (the ones ``average_model.py --val_best`` picks).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from toolkit.distributed.main_only import barrier, check_collective
+from toolkit.engine.base import Engine
+from toolkit.utils.checkpoint import delete_checkpoint, list_checkpoints, load_info
+
+RETAINED_PREFIXES = ("step_", "epoch_")
+
+
+def checkpoints_to_delete(infos: dict[str, dict], keep_last_n: int, keep_best_n: int, just_written: str) -> list[str]:
+    """Which committed checkpoints retention removes, oldest first.
+
+    Args:
+        infos: ``{path: its YAML}`` of the ``step_*``/``epoch_*`` checkpoints of one model dir.
+        keep_last_n: how many of the newest to keep (by optimizer ``step``; at equal steps an epoch tag counts as
+            newer than a step tag); 0 keeps all.
+        keep_best_n: also keep this many ``epoch_*`` checkpoints with the lowest ``cv_loss``.
+        just_written: never deleted, whatever its rank in the order.
+    """
+    if keep_last_n <= 0:
+        return []
+
+    def newness(path: str) -> tuple[int, int]:
+        return int(infos[path].get("step", 0)), int(os.path.basename(path).startswith("epoch_"))
+
+    order = sorted(infos, key=newness)
+    keep = set(order[-keep_last_n:]) | {just_written}
+    scored = [(float(info["cv_loss"]), path) for path, info in infos.items()
+              if os.path.basename(path).startswith("epoch_") and info.get("cv_loss") is not None]
+    keep |= {path for _, path in sorted(scored)[:keep_best_n]}
+    return [path for path in order if path not in keep]
+
+
+class Checkpointer:
+    """Saves and restores the engine plus registered saver hooks under ``model_dir``.
+
+    Args:
+        engine: a prepared engine (its ``save``/``load`` are collective).
+        model_dir: where ``{tag}.pt`` + ``{tag}.yaml`` go.
+        train_conf: resolved ``train_conf`` (``save_interval_steps``, ``save_interval_minutes``, ``keep_last_n``,
+            ``keep_best_n``).
+        clock: seconds on a monotonic clock; only global rank 0's is ever read.
+    """
+
+    def __init__(self, engine: Engine, model_dir: str, train_conf: dict,
+                 clock: Callable[[], float] = time.monotonic):
+        self.engine = engine
+        self.model_dir = model_dir
+        self.interval_steps = train_conf["save_interval_steps"]
+        self.interval_s = 60.0 * train_conf["save_interval_minutes"]
+        self.keep_last_n = train_conf["keep_last_n"]
+        self.keep_best_n = train_conf["keep_best_n"]
+        self.clock = clock
+        self._hooks: dict[str, tuple[Any, bool]] = {}
+        self._last_save = clock() if engine.ctx.is_main else 0.0
+
+    def register(self, name: str, obj: Any, main_process_only: bool = True) -> None:
+        """Add a saver hook: ``obj.state_dict()`` is saved under ``name`` and ``obj.load_state_dict`` gets it back.
+
+        Raises:
+            ValueError: ``name`` is already registered. TypeError: ``obj`` lacks ``state_dict``/``load_state_dict``.
+        """
+        if name in self._hooks:
+            raise ValueError(f"saver hook {name!r} is already registered")
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"saver hook {name!r}: {type(obj).__name__} needs state_dict() and load_state_dict()")
+        self._hooks[name] = (obj, main_process_only)
+
+    def step_due(self, step: int) -> bool:
+        """Whether to save after optimizer step ``step``. Collective when ``save_interval_minutes`` > 0 (every rank
+        calls it at every optimizer step); rank 0's clock decides and the result is broadcast."""
+        due = self.interval_steps > 0 and step % self.interval_steps == 0
+        if self.interval_s <= 0:
+            return due
+        check_collective("Checkpointer.step_due")
+        if self.engine.ctx.is_main:
+            due = due or self.clock() - self._last_save >= self.interval_s
+        flag = torch.tensor([int(due)], dtype=torch.int32)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def save(self, tag: str, info: dict[str, Any]) -> str:
+        """Collective: save the engine and every hook as ``{model_dir}/{tag}.pt`` (+ ``.yaml``), then apply
+        retention. Returns the path written."""
+        check_collective("Checkpointer.save")
+        path = os.path.join(self.model_dir, f"{tag}.pt")
+        extra = self._gather_hook_states()
+        self.engine.save(path, info, extra)  # ends in a barrier: the commit marker is on disk for every rank
+        rank = self.engine.ctx.rank
+        if self.engine.ctx.is_main:
+            self._last_save = self.clock()
+            logging.info("checkpoint: rank %d wrote %s", rank, path)
+        if self.keep_last_n > 0 and tag.startswith(RETAINED_PREFIXES):
+            if self.engine.ctx.is_main:
+                self._apply_retention(path)
+            barrier("Checkpointer.retention")  # no rank resumes training (or loads) while files are going
+        return path
+
+    def _gather_hook_states(self) -> dict[str, Any]:
+        ctx = self.engine.ctx
+        main = {name: obj.state_dict() for name, (obj, main_only) in self._hooks.items() if main_only and ctx.is_main}
+        mine = {name: obj.state_dict() for name, (obj, main_only) in self._hooks.items() if not main_only}
+        per_rank: dict[str, list] = {}
+        if mine:
+            gathered: list | None = [None] * ctx.world_size if ctx.is_main else None
+            dist.gather_object(mine, gathered, dst=0)
+            if ctx.is_main:
+                per_rank = {name: [states[name] for states in gathered] for name in mine}
+        return {"main": main, "per_rank": per_rank, "world_size": ctx.world_size}
+
+    def _apply_retention(self, just_written: str) -> None:
+        paths = [p for prefix in RETAINED_PREFIXES for p in list_checkpoints(self.model_dir, f"{prefix}*.pt")]
+        infos = {p: load_info(p) for p in paths}
+        for path in checkpoints_to_delete(infos, self.keep_last_n, self.keep_best_n, just_written):
+            removed = delete_checkpoint(path)
+            logging.info("checkpoint: rank %d deleted %s", self.engine.ctx.rank, ", ".join(removed))
+
+    def load(self, path: str) -> list[str]:
+        """Collective: restore the engine and the hooks from ``path``. Returns the names of the hooks restored
+        (a hook missing from the checkpoint, e.g. one written before it was registered, is logged and skipped)."""
+        check_collective("Checkpointer.load")
+        extra = self.engine.load(path)
+        ctx = self.engine.ctx
+        restored = []
+        for name, (obj, main_only) in self._hooks.items():
+            if main_only:
+                state = extra.get("main", {}).get(name)
+            else:
+                states = extra.get("per_rank", {}).get(name)
+                if states is not None and len(states) != ctx.world_size:
+                    logging.warning("checkpoint %s: %s was saved by %d ranks, this job has %d; not restored",
+                                    path, name, len(states), ctx.world_size)
+                    states = None
+                state = None if states is None else states[ctx.rank]
+            if state is None:
+                logging.warning("checkpoint %s has no state for saver hook %r; it starts fresh", path, name)
+                continue
+            obj.load_state_dict(state)
+            restored.append(name)
+        return restored
