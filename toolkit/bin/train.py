@@ -88,7 +88,9 @@ def main(argv=None) -> None:
     args = get_args(argv)
     setup_logging(int(os.environ.get("RANK", 0)))
     # 1. read the config and apply the command-line overrides (any train_conf key, even one the YAML leaves out)
-    configs = apply_overrides(fill_train_defaults(load_config(args.config)), args.override_config)
+    configs = fill_train_defaults(load_config(args.config))
+    configs["dataset_conf"] = resolve_dataset_conf(configs.get("dataset_conf"))  # likewise for dataset_conf keys
+    configs = apply_overrides(configs, args.override_config)
     # 2. process group and rank context (torchrun environment, read once)
     ctx = init_distributed(args.pg_timeout_s)
     # 3. derived keys; rank 0 writes the effective train.yaml

@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from toolkit.dataset import processor, shard
+from toolkit.utils.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -67,29 +68,29 @@ def resolve_dataset_conf(dataset_conf: Optional[dict]) -> dict:
     """Fill ``dataset_conf`` (may be None or partial) with :data:`DEFAULT_DATASET_CONF`; returns a new dict.
 
     Raises:
-        ValueError: an unknown key at the top level or inside a ``*_conf`` section (the message names it and
-            lists the valid keys), ``data_type`` not in ``raw|shard``, ``batch_conf.batch_type`` not in
+        ConfigError: (a ValueError) an unknown key at the top level or inside a ``*_conf`` section (the message
+            names it and lists the valid keys), ``data_type`` not in ``raw|shard``, ``batch_conf.batch_type`` not in
             ``static|dynamic|bucket``, or bucket sizes that do not match the boundaries.
     """
     conf = copy.deepcopy(DEFAULT_DATASET_CONF)
     for key, value in (dataset_conf or {}).items():
         if key not in conf:
-            raise ValueError(f"unknown dataset_conf key {key!r}; valid keys: {sorted(conf)}")
+            raise ConfigError(f"unknown dataset_conf key {key!r}; valid keys: {sorted(conf)}")
         if isinstance(conf[key], dict):
             for sub_key in value:
                 if sub_key not in conf[key]:
-                    raise ValueError(f"unknown dataset_conf.{key} key {sub_key!r}; valid keys: {sorted(conf[key])}")
+                    raise ConfigError(f"unknown dataset_conf.{key} key {sub_key!r}; valid keys: {sorted(conf[key])}")
             conf[key].update(value)
         else:
             conf[key] = value
     batch_type = conf["batch_conf"]["batch_type"]
     if batch_type not in BATCH_TYPES:
-        raise ValueError(f"batch_conf.batch_type must be one of {BATCH_TYPES}, got {batch_type!r}")
+        raise ConfigError(f"batch_conf.batch_type must be one of {BATCH_TYPES}, got {batch_type!r}")
     if conf["data_type"] not in DATA_TYPES:
-        raise ValueError(f"data_type must be one of {DATA_TYPES}, got {conf['data_type']!r}")
+        raise ConfigError(f"data_type must be one of {DATA_TYPES}, got {conf['data_type']!r}")
     boundaries, sizes = conf["batch_conf"]["bucket_boundaries"], conf["batch_conf"]["bucket_batch_sizes"]
     if batch_type == "bucket" and len(sizes) != len(boundaries) + 1:
-        raise ValueError(f"batch_conf.bucket_batch_sizes needs len(bucket_boundaries) + 1 = {len(boundaries) + 1} "
+        raise ConfigError(f"batch_conf.bucket_batch_sizes needs len(bucket_boundaries) + 1 = {len(boundaries) + 1} "
                          f"entries, got {sizes}")
     return conf
 
