@@ -3,7 +3,7 @@
 from setuptools import find_packages, setup
 
 with open("requirements.txt", encoding="utf-8") as f:
-    requirements = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    requirements = [line.split("#")[0].strip() for line in f if line.split("#")[0].strip()]
 
 setup(
     name="toolkit",

@@ -58,3 +58,16 @@ class TinyCTC(torch.nn.Module):
         loss = F.ctc_loss(log_probs.transpose(0, 1), target.clamp(min=0), feats_lengths, target_lengths,
                           reduction="sum", zero_infinity=True) / feats.size(0)
         return {"loss": loss}
+
+
+def prepared_ddp_engine(ctx, train_conf: dict):
+    """TinyCTC under the torch_ddp engine with Adam (lr 0.01, 2 warm-up steps): ``(engine, optimizer)``."""
+    from toolkit.engine import init_engine
+    from toolkit.utils.scheduler import init_optimizer_and_scheduler
+
+    model = TinyCTC()
+    optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
+                                                        {"warmup_steps": 2})
+    engine = init_engine("torch_ddp", ctx, train_conf, find_unused_parameters=False)
+    engine.prepare(model, optimizer, scheduler)
+    return engine, optimizer

@@ -16,14 +16,12 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import TinyCTC, make_batch, utterances  # noqa: E402
+from tiny_ctc import make_batch, prepared_ddp_engine, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import init_join  # noqa: E402
-from toolkit.engine import init_engine  # noqa: E402
 from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
 from toolkit.utils.config import resolve_train_conf  # noqa: E402
-from toolkit.utils.scheduler import init_optimizer_and_scheduler  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out_dir")
@@ -50,11 +48,7 @@ def loader():
 
 
 train_conf = resolve_train_conf({"train_conf": {"log_interval": 1}})
-model = TinyCTC()
-optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
-                                                    {"warmup_steps": 2})
-engine = init_engine("torch_ddp", ctx, train_conf, find_unused_parameters=False)
-engine.prepare(model, optimizer, scheduler)
+engine, _ = prepared_ddp_engine(ctx, train_conf)
 join = init_join(train_conf)
 progress = TrainProgress()
 try:

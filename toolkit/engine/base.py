@@ -58,6 +58,12 @@ class Engine(abc.ABC):
             return contextlib.nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=PRECISIONS[self.dtype])
 
+    def evaluation(self) -> ContextManager:
+        """Context around a whole evaluation pass of :attr:`module` on this rank's share of the data. Entered by
+        every rank (it may be collective); inside it a forward issues no collective, so ranks may run different
+        numbers of batches, none included. Here: nothing to do (every rank holds the whole model)."""
+        return contextlib.nullcontext()
+
     @abc.abstractmethod
     def accumulate(self, sync: bool) -> ContextManager:
         """Context around forward+backward of one micro-batch; ``sync=False`` skips the gradient all-reduce

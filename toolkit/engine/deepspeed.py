@@ -21,13 +21,11 @@ call hangs), then global rank 0 writes a consolidated fp32 ``{tag}.pt`` + ``{tag
 other checkpoint. The shard directory ``{model_dir}/{tag}/`` holds the optimizer state; :meth:`DeepSpeedEngine.load`
 needs it (it refuses to resume with fresh optimizer state).
 
-ZeRO-3 and cross-validation: the executor evaluates the unwrapped module on each rank's share of the CV set without
-a join, and under ZeRO-3 a forward gathers the partitioned parameters (a collective). With DeepSpeed's defaults
-(``stage3_max_reuse_distance`` and ``stage3_max_live_parameters`` of 1e9) the parameters gathered by the first CV
-forward stay gathered for the rest of the evaluation, so CV shares of unequal batch counts need no collective after
-the first batch (measured: 3 vs 2 CV batches on 2 ranks give the ZeRO-2 run's cv_loss to 3 decimals). NOTE: every
-rank must hold at least one CV batch, and lowering those two limits below the model's size would make later CV
-forwards collective again.
+ZeRO-3 and cross-validation: under ZeRO-3 each rank holds a slice of the parameters and every forward gathers
+them (a collective), so ranks with unequal numbers of CV batches (or none) would mismatch collectives and hang.
+:meth:`DeepSpeedEngine.evaluation` gathers the whole model once on every rank for the evaluation pass (DeepSpeed's
+``zero.GatheredParameters``), after which forwards are local; the model must fit on one device for evaluation,
+as it must for decoding.
 """
 
 from __future__ import annotations
@@ -189,6 +187,15 @@ class DeepSpeedEngine(Engine):
         self.optimizer = optimizer
         self.scheduler = scheduler
         return self.model
+
+    def evaluation(self) -> ContextManager:
+        """ZeRO-3: gather every parameter on every rank for the pass (collective; see the module docstring)."""
+        if self.stage < 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        check_collective("evaluation")
+        return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
 
     def accumulate(self, sync: bool) -> ContextManager:
         # NOTE: the executor owns the accumulation boundary (it restarts its count each epoch), so DeepSpeed's own

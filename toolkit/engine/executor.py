@@ -163,6 +163,7 @@ def train_one_epoch(engine: Engine, join: FlagJoin | MonitoredBarrierJoin, datal
         dataloader = _skip_consumed(dataloader, progress.batches_in_epoch, join.is_empty)
     stats = running.stats
     start = time.perf_counter()
+    done_before = (stats.audio_s, stats.num_utts)  # what a resumed epoch had trained before this process started
     micro = 0  # micro-batches since the last optimizer step
     engine.zero_grad()
     for batch in join.iterate(dataloader, on_empty=lambda b: stats.add(b, None), on_dropped=stats.add_dropped):
@@ -184,7 +185,7 @@ def train_one_epoch(engine: Engine, join: FlagJoin | MonitoredBarrierJoin, datal
         if not math.isfinite(grad_norm):
             logging.warning("step %d: non-finite grad_norm %s, update skipped", progress.step, grad_norm)
         if progress.step % log_interval == 0 and engine.ctx.is_main:
-            _log_step(progress, stats, out, loss, lr, grad_norm, time.perf_counter() - start,
+            _log_step(progress, stats, out, loss, lr, grad_norm, time.perf_counter() - start, done_before,
                       utts_per_rank_total, writer)
         # NOTE: only here, at an optimizer-step boundary: a checkpoint never holds half an accumulation.
         if checkpointer is not None and checkpointer.step_due(progress.step):
@@ -197,15 +198,16 @@ def train_one_epoch(engine: Engine, join: FlagJoin | MonitoredBarrierJoin, datal
     return stats
 
 
-def _log_step(progress, stats, out, loss, lr, grad_norm, elapsed, utts_total, writer) -> None:
+def _log_step(progress, stats, out, loss, lr, grad_norm, elapsed, done_before, utts_total, writer) -> None:
     parts = [f"epoch {progress.epoch}", f"step {progress.step}", f"loss {loss:.3f}"]
     for key in ("loss_ctc", "loss_att", "th_accuracy"):
         if out.get(key) is not None:
             parts.append(f"{key} {float(out[key].detach()):.3f}")
-    throughput = stats.audio_s / max(elapsed, 1e-9)
+    audio_before, utts_before = done_before
+    throughput = (stats.audio_s - audio_before) / max(elapsed, 1e-9)
     parts += [f"lr {lr:.3e}", f"grad_norm {grad_norm:.3f}", f"{throughput:.1f} audio-s/s"]
-    if utts_total > stats.num_utts > 0:
-        eta = elapsed / stats.num_utts * (utts_total - stats.num_utts)
+    if utts_total > stats.num_utts > utts_before:
+        eta = elapsed / (stats.num_utts - utts_before) * (utts_total - stats.num_utts)
         parts.append(f"ETA {eta / 60:.1f} min")
     logging.info(" | ".join(parts))
     if writer is not None:
@@ -220,17 +222,19 @@ def _log_step(progress, stats, out, loss, lr, grad_norm, elapsed, utts_total, wr
 @torch.no_grad()
 def cross_validate(engine: Engine, dataloader) -> EpochStats:
     """Loss over this rank's share of the CV data, then reduced over all ranks (exact: sums, not averages of
-    averages). Uses the unwrapped model, so uneven CV shards need no join."""
+    averages). Every rank calls it. Uses the unwrapped model inside :meth:`Engine.evaluation`, so forwards issue no
+    collective and uneven CV shares (even an empty one) need no join."""
     model = engine.module
     model.eval()
     stats = EpochStats()
-    for batch in dataloader:
-        if len(batch["keys"]) == 0:
-            stats.add(batch, None)
-            continue
-        with engine.autocast():
-            out = model(*_to_device(batch, engine.ctx.device))
-        stats.add(batch, float(out["loss"]))
+    with engine.evaluation():
+        for batch in dataloader:
+            if len(batch["keys"]) == 0:
+                stats.add(batch, None)
+                continue
+            with engine.autocast():
+                out = model(*_to_device(batch, engine.ctx.device))
+            stats.add(batch, float(out["loss"]))
     return stats.reduce()
 
 
