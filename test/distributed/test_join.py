@@ -72,6 +72,19 @@ def test_uneven_batches_both_modes_two_epochs_account_for_every_utterance(tmp_pa
     assert r0["lr"] == r1["lr"]
 
 
+@pytest.mark.parametrize("join_mode", ["flag", "monitored_barrier"])
+def test_a_rank_without_any_batch_trains_nobody_and_nothing_hangs(tmp_path, join_mode):
+    # monitored_barrier exempts the first batch from the clock only: without its untimed flag, rank 0 would run
+    # the first gradient all-reduce alone while rank 1 waits in the statistics reduction (a pg-timeout hang).
+    proc = run_ranks(WORKER, str(tmp_path), "2", "0", "--join_mode", join_mode, "--join_timeout_s", "3",
+                     timeout=150)  # the worker's pg timeout is 60 s: a hang fails there
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = reports(tmp_path)
+    assert r0["steps"] == r1["steps"] == 0
+    assert (r0["epochs"][0]["dropped"], r1["epochs"][0]["dropped"]) == (2, 0)
+    assert r0["params"] == r1["params"]
+
+
 def test_monitored_barrier_a_rank_slower_than_the_timeout_ends_the_epoch_for_all(tmp_path):
     # The documented flaw of join_mode monitored_barrier: even data (3 vs 3), rank 1 stalls 4 s before each batch,
     # longer than the 3 s join timeout. The first batch is exempt; the barrier before the second times out, so both

@@ -21,6 +21,7 @@ JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come f
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
@@ -33,13 +34,13 @@ from toolkit.distributed.join import init_join
 from toolkit.engine import ENGINE_CHOICES, init_engine
 from toolkit.engine.checkpointer import Checkpointer
 from toolkit.engine.executor import (RunningEpochStats, TrainProgress, cross_validate, epoch_summary,
-                                     train_one_epoch)
+                                     require_utterances, train_one_epoch)
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import load_info
 from toolkit.utils.rng import RngState
-from toolkit.utils.config import (apply_overrides, check_modify_and_save_config, exit_on_config_error,
+from toolkit.utils.config import (ConfigError, apply_overrides, check_modify_and_save_config, exit_on_config_error,
                                   fill_train_defaults, load_config)
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 from toolkit.utils.summary import init_summarywriter
@@ -65,16 +66,28 @@ def get_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def setup_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO, force=True,
-                        format=f"%(asctime)s rank{rank} %(levelname)s %(message)s")
+def setup_logging(rank: int | None = None) -> None:
+    """Log lines carry the rank once the process group exists (before it, none is known)."""
+    where = "" if rank is None else f" rank{rank}"
+    logging.basicConfig(level=logging.INFO, force=True, format=f"%(asctime)s{where} %(levelname)s %(message)s")
 
 
 def resume(checkpointer: Checkpointer, path: str, progress: TrainProgress, train_set) -> None:
     """Restore engine and saver hooks from ``path``; ``progress`` then says where training continues."""
+    if not os.path.exists(path):
+        raise ConfigError(f"--checkpoint {path}: no such file")
+    data_signature = progress.data_signature
     restored = checkpointer.load(path)
+    if progress.batches_in_epoch and progress.data_signature != data_signature:
+        # NOTE: the consumed batches are skipped by count; other batching, ranks or data would skip other utterances.
+        raise ConfigError(f"--checkpoint {path} stops inside epoch {progress.epoch}, but the world size, the data "
+                          "list, dataset_conf or accum_grad differ from when it was written, so its position in the "
+                          "epoch means other utterances now; resume from the last epoch_N.pt instead")
     if "progress" not in restored:  # written before saver hooks existed: continue after its epoch
         info = load_info(path)
+        if "epoch" not in info:
+            raise ConfigError(f"--checkpoint {path} is not a training checkpoint (no epoch in its .yaml, e.g. an "
+                              "averaged model); resume from an epoch_N.pt or step_N.pt")
         progress.epoch, progress.step = info["epoch"] + 1, info["step"]
     if progress.data_seed != train_set.seed:
         logging.warning("%s was trained with data seed %d, the config says %d: keeping the checkpoint's", path,
@@ -86,13 +99,14 @@ def resume(checkpointer: Checkpointer, path: str, progress: TrainProgress, train
 
 def main(argv=None) -> None:
     args = get_args(argv)
-    setup_logging(int(os.environ.get("RANK", 0)))
+    setup_logging()
     # 1. read the config and apply the command-line overrides (any train_conf key, even one the YAML leaves out)
     configs = fill_train_defaults(load_config(args.config))
     configs["dataset_conf"] = resolve_dataset_conf(configs.get("dataset_conf"))  # likewise for dataset_conf keys
     configs = apply_overrides(configs, args.override_config)
     # 2. process group and rank context (torchrun environment, read once)
     ctx = init_distributed(args.pg_timeout_s)
+    setup_logging(ctx.rank)
     # 3. derived keys; rank 0 writes the effective train.yaml
     configs = check_modify_and_save_config(configs, args.model_dir, ctx.is_main)
     train_conf = configs["train_conf"]
@@ -120,7 +134,8 @@ def main(argv=None) -> None:
     engine.prepare(model, optimizer, scheduler)
     join = init_join(train_conf, is_empty=lambda batch: len(batch["keys"]) == 0)
     # 9. checkpoints (engine state + saver hooks: progress, per-rank RNG and epoch statistics); resume
-    progress = TrainProgress(data_seed=train_conf["seed"])
+    progress = TrainProgress(data_seed=train_conf["seed"], data_signature=json.dumps(
+        [ctx.world_size, args.train_data, configs["dataset_conf"], train_conf["accum_grad"]], sort_keys=True))
     running = RunningEpochStats()
     checkpointer = Checkpointer(engine, args.model_dir, train_conf)
     checkpointer.register("progress", progress)
@@ -142,7 +157,9 @@ def main(argv=None) -> None:
             progress.epoch_lr = engine.lr
         train_stats = train_one_epoch(engine, join, train_loader, progress, train_conf, writer,
                                       utts_per_rank * (max_epoch - epoch), checkpointer, running).reduce()
+        require_utterances(train_stats, f"epoch {epoch} trained", args.train_data)
         cv_stats = cross_validate(engine, cv_loader)
+        require_utterances(cv_stats, f"epoch {epoch} cross-validated", args.cv_data)
         info = epoch_summary(progress, progress.epoch_lr, train_stats, cv_stats, ctx.is_main, writer)
         progress.epoch = epoch + 1  # what the checkpoint resumes: the next epoch from its start
         checkpointer.save(f"epoch_{epoch}", info)

@@ -70,7 +70,8 @@ def resolve_dataset_conf(dataset_conf: Optional[dict]) -> dict:
     Raises:
         ConfigError: (a ValueError) an unknown key at the top level or inside a ``*_conf`` section (the message
             names it and lists the valid keys), ``data_type`` not in ``raw|shard``, ``batch_conf.batch_type`` not in
-            ``static|dynamic|bucket``, or bucket sizes that do not match the boundaries.
+            ``static|dynamic|bucket``, bucket sizes that do not match the boundaries, or a batch size, frame budget,
+            SpecAugment width below 1 or a negative ``num_workers``.
     """
     conf = copy.deepcopy(DEFAULT_DATASET_CONF)
     for key, value in (dataset_conf or {}).items():
@@ -91,7 +92,13 @@ def resolve_dataset_conf(dataset_conf: Optional[dict]) -> dict:
     boundaries, sizes = conf["batch_conf"]["bucket_boundaries"], conf["batch_conf"]["bucket_batch_sizes"]
     if batch_type == "bucket" and len(sizes) != len(boundaries) + 1:
         raise ConfigError(f"batch_conf.bucket_batch_sizes needs len(bucket_boundaries) + 1 = {len(boundaries) + 1} "
-                         f"entries, got {sizes}")
+                          f"entries, got {sizes}")
+    minimums = [("batch_conf", "batch_size", 1), ("batch_conf", "max_frames_in_batch", 1),
+                ("dataloader_conf", "num_workers", 0), ("spec_aug_conf", "max_t", 1), ("spec_aug_conf", "max_f", 1)]
+    for section, key, least in minimums:
+        value = conf[section][key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"dataset_conf.{section}.{key} must be an integer >= {least}, got {value!r}")
     return conf
 
 

@@ -227,13 +227,12 @@ def filter_sample(sample: dict, max_length: float = 2000, min_length: float = 10
 
 @functools.lru_cache(maxsize=8)
 def _fbank_extractor(sample_rate: int, num_mel_bins: int, frame_length: float, frame_shift: float) -> Fbank:
-    config = FbankConfig(sampling_rate=sample_rate, num_filters=num_mel_bins, frame_length=frame_length / 1000,
-                         frame_shift=frame_shift / 1000, snip_edges=True, high_freq=0.0, dither=0.0)
     with warnings.catch_warnings():
         # NOTE: Lhotse warns that snip_edges=True breaks its own duration bookkeeping, which is not used here:
         # lengths come from the frame counts this function returns.
         warnings.simplefilter("ignore", UserWarning)
-        return Fbank(config)
+        return Fbank(FbankConfig(sampling_rate=sample_rate, num_filters=num_mel_bins, frame_length=frame_length / 1000,
+                                 frame_shift=frame_shift / 1000, snip_edges=True, high_freq=0.0, dither=0.0))
 
 
 def compute_fbank(sample: dict, num_mel_bins: int = 80, frame_length: float = 25, frame_shift: float = 10,

@@ -12,9 +12,10 @@ buffers, leaking into the next epoch). The decision comes from the
 data alone, never from a clock, so a rank that is only slow never shortens the epoch. It costs one tiny all-reduce
 per step (see ``tools/bench_join.py``).
 
-``monitored_barrier`` (:class:`MonitoredBarrierJoin`, WeNet-compatible): the first batch is exempt; before every
-later batch each rank that still has one calls ``dist.monitored_barrier(timeout=join_timeout_s)``; a rank with no
-batch left leaves the loop without calling it, so the others time out and stop. Its per-step cost is about the
+``monitored_barrier`` (:class:`MonitoredBarrierJoin`, WeNet-compatible): the first batch is exempt from the clock
+(an untimed MIN flag only checks that every rank has one); before every later batch each rank that still has one
+calls ``dist.monitored_barrier(timeout=join_timeout_s)``; a rank with no batch left leaves the loop without
+calling it, so the others time out and stop. Its per-step cost is about the
 flag's (a barrier instead of an all-reduce), plus a full ``join_timeout_s`` wait at the end of every uneven epoch,
 and it has a known flaw: a rank that is merely slower than the timeout (a stalled disk, a long batch, a GC pause)
 ends the epoch for every rank. Worse, a rank that reaches the barrier just as a peer's
@@ -191,11 +192,15 @@ class MonitoredBarrierJoin(_Join):
         check_collective("join")
         self.report = JoinReport()
         # NOTE: a fresh group per epoch: a gloo group that timed out once fails every later barrier instantly.
-        group = dist.new_group(backend="gloo", timeout=self.timeout)
+        group = dist.new_group(backend="gloo", timeout=_default_group_timeout())
         try:
             it = iter(loader)
             batch = self._next_real(it, on_empty)
-            while batch is not None:
+            # The first batch is exempt from the clock, not from the join: one untimed "I have a batch" (MIN), so
+            # a rank with no batch at all this epoch never leaves the others alone in the first gradient all-reduce.
+            flag = torch.tensor([0 if batch is None else 1], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+            while batch is not None and bool(flag):
                 if self.report.steps > 0 and not self._barrier(group):
                     break
                 self.report.steps += 1

@@ -24,6 +24,7 @@ from toolkit.distributed.join import FlagJoin, MonitoredBarrierJoin
 from toolkit.distributed.main_only import check_collective
 from toolkit.engine.base import Engine
 from toolkit.engine.checkpointer import Checkpointer
+from toolkit.utils.config import ConfigError
 
 FRAME_SHIFT_S = 0.01  # fbank frames are 10 ms apart
 MODEL_INPUT_KEYS = ("feats", "feats_lengths", "target", "target_lengths")
@@ -43,6 +44,7 @@ class TrainProgress:
     batches_in_epoch: int = 0
     data_seed: int = 0  # the dataset's shuffling seed (train_conf.seed)
     epoch_lr: float = 0.0  # the LR when the epoch started (its YAML's ``lr``, also after a mid-epoch resume)
+    data_signature: str = ""  # world size, data list, dataset_conf, accum_grad: a mid-epoch resume needs the same
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -236,6 +238,20 @@ def cross_validate(engine: Engine, dataloader) -> EpochStats:
                 out = model(*_to_device(batch, engine.ctx.device))
             stats.add(batch, float(out["loss"]))
     return stats.reduce()
+
+
+def require_utterances(stats: EpochStats, what: str, data_list: str) -> None:
+    """Stop every rank (they hold the same reduced ``stats``) when a pass used no utterance at all: a model
+    "trained" or scored on nothing must not produce checkpoints, a CV loss of 0 or a successful exit.
+
+    Raises:
+        ConfigError: naming ``data_list`` and where its utterances went (dropped at the join, skipped by reason).
+    """
+    if stats.num_utts > 0:
+        return
+    raise ConfigError(f"{what} no utterance of {data_list}: {stats.dropped_utts} dropped at the join "
+                      f"({stats.dropped_batches} batches), skipped {dict(stats.skipped)}; check the data list and "
+                      "data_type, and with shards make more shards than ranks x loader workers")
 
 
 def epoch_summary(progress: TrainProgress, lr: float, train: EpochStats, cv: EpochStats, is_main: bool,

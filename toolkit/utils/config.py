@@ -9,6 +9,7 @@ that level, so a typo never silently trains with the default.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from typing import Any
 
@@ -167,12 +168,12 @@ def resolve_train_conf(config: dict) -> dict:
         if isinstance(conf[key], bool) or not isinstance(conf[key], int) or conf[key] < 0:
             raise ConfigError(f"train_conf.{key} must be a non-negative integer (0 disables), got {conf[key]!r}")
     minutes = conf["save_interval_minutes"]
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes < 0:
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes >= 0 or minutes == math.inf:
         raise ConfigError(f"train_conf.save_interval_minutes must be a non-negative number, got {minutes!r}")
     if conf["join_mode"] not in JOIN_MODE_CHOICES:
         raise ConfigError(f"train_conf.join_mode: {conf['join_mode']!r} is not one of {list(JOIN_MODE_CHOICES)}")
     timeout = conf["join_timeout_s"]
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
         raise ConfigError(f"train_conf.join_timeout_s must be a positive number of seconds, got {timeout!r}")
     return conf
 

@@ -83,3 +83,13 @@ def test_unknown_config_key_stops_with_the_valid_keys(tmp_path):
     proc = train(tmp_path, "--override_config", "train_conf.max_epochs 3")
     assert proc.returncode != 0
     assert "unknown key 'max_epochs'" in proc.stderr and "'max_epoch'" in proc.stderr
+
+
+def test_an_epoch_that_trains_no_utterance_stops_the_job(tmp_path):
+    write_data(tmp_path)
+    bad = [json.loads(line) for line in open(tmp_path / "train.list") if '"bad-' in line]
+    (tmp_path / "train.list").write_text("".join(json.dumps(r) + "\n" for r in bad))  # only unusable lines
+    proc = train(tmp_path, "--override_config", "train_conf.max_epoch 1")
+    assert proc.returncode != 0
+    assert "epoch 0 trained no utterance" in proc.stderr and "skipped" in proc.stderr
+    assert not (tmp_path / "exp" / "epoch_0.yaml").exists()

@@ -10,6 +10,7 @@ import torch
 
 from toolkit.dataset.pipeline import build_dataloader, build_dataset, lines_per_rank, resolve_dataset_conf
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
+from toolkit.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 FSDD = ROOT / "corpora/tiny_fsdd"
@@ -182,3 +183,12 @@ def test_raw_segments_read_only_their_span(tmp_path, tokenizer):
     (batch,) = list(build_dataloader(build_dataset(data_list, tokenizer, conf, mode="cv"), conf))
     assert batch["keys"] == ["seg-a", "seg-b"]
     assert batch["feats_lengths"].tolist() == [1 + (16000 - 400) // 160, 1 + (40000 - 400) // 160]
+
+
+@pytest.mark.parametrize("section, key, value", [("batch_conf", "batch_size", 0),
+                                                 ("batch_conf", "max_frames_in_batch", 0),
+                                                 ("dataloader_conf", "num_workers", -1),
+                                                 ("spec_aug_conf", "max_t", 0)])
+def test_sizes_below_their_minimum_are_config_errors(section, key, value):
+    with pytest.raises(ConfigError, match=f"dataset_conf.{section}.{key} must be an integer"):
+        resolve_dataset_conf({section: {key: value}})

@@ -61,3 +61,10 @@ def test_load_config_errors(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(str(bad))
+
+
+@pytest.mark.parametrize("key", ["save_interval_minutes", "join_timeout_s"])
+def test_nan_and_inf_seconds_are_rejected(key):
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match=f"train_conf.{key}"):
+            resolve_train_conf({"train_conf": {key: value}})
