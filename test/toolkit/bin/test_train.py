@@ -93,3 +93,18 @@ def test_an_epoch_that_trains_no_utterance_stops_the_job(tmp_path):
     assert proc.returncode != 0
     assert "epoch 0 trained no utterance" in proc.stderr and "skipped" in proc.stderr
     assert not (tmp_path / "exp" / "epoch_0.yaml").exists()
+
+
+def test_a_mid_epoch_checkpoint_refuses_another_batch_size(tmp_path):
+    write_data(tmp_path)
+    proc = train(tmp_path, "--override_config", "train_conf.max_epoch 1",
+                 "--override_config", "train_conf.save_interval_steps 2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    step = tmp_path / "exp" / "step_2.pt"
+    assert yaml.safe_load(open(tmp_path / "exp" / "step_2.yaml"))["batches_in_epoch"] == 2
+    # Its position (2 batches of 8) would mean other utterances with batches of 4: refused on every rank.
+    proc = train(tmp_path, "--checkpoint", str(step), "--override_config", "dataset_conf.batch_conf.batch_size 4")
+    assert proc.returncode != 0
+    assert "stops inside epoch 0" in proc.stderr and "epoch_N.pt" in proc.stderr
+    proc = train(tmp_path, "--checkpoint", str(tmp_path / "exp" / "nope.pt"))
+    assert proc.returncode != 0 and "no such file" in proc.stderr
