@@ -10,6 +10,7 @@ from toolkit.models.transformer.cmvn import GlobalCMVN, load_global_cmvn
 from toolkit.models.transformer.ctc import CTC
 from toolkit.models.transformer.decoder import TransformerDecoder
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
+from toolkit.utils.config import ConfigError
 
 ENCODERS = {"conformer": ConformerEncoder, "transformer": TransformerEncoder}
 DECODERS = {"transformer": TransformerDecoder}
@@ -24,19 +25,19 @@ def _checked_conf(section: str, cls: type, conf: dict | None) -> dict:
     """Return ``conf`` (or {}) after checking every key is a constructor keyword of ``cls``.
 
     Raises:
-        ValueError: a key that ``cls`` does not accept, listing the accepted ones.
+        ConfigError: (a ValueError) a key that ``cls`` does not accept, listing the accepted ones.
     """
     conf = dict(conf or {})
     valid = sorted(set(inspect.signature(cls).parameters) - _DERIVED_KWARGS)
     unknown = sorted(set(conf) - set(valid))
     if unknown:
-        raise ValueError(f"{section}: unknown key(s) {unknown} for {cls.__name__}; valid: {valid}")
+        raise ConfigError(f"{section}: unknown key(s) {unknown} for {cls.__name__}; valid: {valid}")
     return conf
 
 
 def _lookup(section: str, name: str, table: dict) -> type:
     if name not in table:
-        raise ValueError(f"{section}: unknown name {name!r}; valid: {sorted(table)}")
+        raise ConfigError(f"{section}: unknown name {name!r}; valid: {sorted(table)}")
     return table[name]
 
 
@@ -54,7 +55,7 @@ def init_model(configs: dict) -> ASRModel:
         A freshly initialised ASRModel (training mode).
 
     Raises:
-        ValueError: unknown encoder/decoder/cmvn name or unknown ``*_conf`` key (the message
+        ConfigError: unknown encoder/decoder/cmvn name or unknown ``*_conf`` key (the message
             lists the valid ones). KeyError: ``input_dim`` or ``output_dim`` missing.
             OSError: unreadable CMVN file.
     """
@@ -64,7 +65,7 @@ def init_model(configs: dict) -> ASRModel:
     cmvn = configs.get("cmvn")
     if cmvn is not None:
         if cmvn not in CMVNS:
-            raise ValueError(f"cmvn: unknown name {cmvn!r}; valid: {list(CMVNS)} or null")
+            raise ConfigError(f"cmvn: unknown name {cmvn!r}; valid: {list(CMVNS)} or null")
         global_cmvn = GlobalCMVN(*load_global_cmvn(configs["cmvn_conf"]["cmvn_file"]))
 
     encoder_cls = _lookup("encoder", configs.get("encoder", "conformer"), ENCODERS)

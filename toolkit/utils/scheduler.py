@@ -7,7 +7,11 @@ the inverse square root of the step.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+
+from toolkit.utils.config import ConfigError
 
 SCHEDULER_CHOICES = ("warmuplr",)
 OPTIMIZER_CHOICES = ("adam", "adamw")
@@ -39,12 +43,18 @@ def init_optimizer_and_scheduler(
     """Build the optimizer and LR scheduler named in the config.
 
     Raises:
-        ValueError: an unknown optimizer or scheduler name (the message lists the valid ones).
+        ConfigError: an unknown optimizer or scheduler name, or an ``optim_conf``/``scheduler_conf`` key the class
+            does not take (the message lists the valid ones).
     """
     if optim not in OPTIMIZER_CHOICES:
-        raise ValueError(f"optim: {optim!r} is not one of {list(OPTIMIZER_CHOICES)}")
+        raise ConfigError(f"optim: {optim!r} is not one of {list(OPTIMIZER_CHOICES)}")
     if scheduler not in SCHEDULER_CHOICES:
-        raise ValueError(f"scheduler: {scheduler!r} is not one of {list(SCHEDULER_CHOICES)}")
+        raise ConfigError(f"scheduler: {scheduler!r} is not one of {list(SCHEDULER_CHOICES)}")
     optim_cls = torch.optim.Adam if optim == "adam" else torch.optim.AdamW
+    for name, cls, conf in (("optim_conf", optim_cls, optim_conf), ("scheduler_conf", WarmupLR, scheduler_conf)):
+        valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "params", "optimizer")]
+        unknown = sorted(set(conf) - set(valid))
+        if unknown:
+            raise ConfigError(f"{name}: unknown keys {unknown}; valid keys: {valid}")
     optimizer = optim_cls(params, **optim_conf)
     return optimizer, WarmupLR(optimizer, **scheduler_conf)

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from toolkit.utils.config import ConfigError
 from toolkit.utils.scheduler import WarmupLR, init_optimizer_and_scheduler
 
 
@@ -25,3 +26,11 @@ def test_unknown_optimizer_or_scheduler_lists_choices():
         init_optimizer_and_scheduler(params, "sgdd", {"lr": 1.0}, "warmuplr", {})
     with pytest.raises(ValueError, match=r"\['warmuplr'\]"):
         init_optimizer_and_scheduler(params, "adam", {"lr": 1.0}, "cosine", {})
+
+
+def test_unknown_optim_and_scheduler_keys_are_config_errors_listing_the_valid_ones():
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(ConfigError, match=r"optim_conf: unknown keys \['lrr'\].*'lr'"):
+        init_optimizer_and_scheduler(params, "adam", {"lrr": 0.1}, "warmuplr", {})
+    with pytest.raises(ConfigError, match=r"scheduler_conf: unknown keys \['warmup'\].*'warmup_steps'"):
+        init_optimizer_and_scheduler(params, "adamw", {"lr": 0.1}, "warmuplr", {"warmup": 3})
