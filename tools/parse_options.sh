@@ -6,8 +6,9 @@
 #   . tools/parse_options.sh || exit 1
 #   # now "run.sh --stage 3 --nj 4 extra args" gives stage=3, nj=4 and leaves "extra args" in $@
 #
-# "--some-name value" sets the shell variable some_name, which the script must already define (otherwise
-# this is an error, so typos fail loudly). A variable whose default is true or false only accepts true or
+# "--some-name value" sets the shell variable some_name, which the script itself must assign at the start of a
+# line ("some_name=default") before sourcing this file; anything else is an error, so typos fail loudly and an
+# environment variable (--HOME, --PATH) is never taken for an option. A variable whose default is true or false only accepts true or
 # false. Parsing stops at the first argument that does not start with "--". "--help" (or -h) prints the
 # calling script's leading comment block and exits 0.
 
@@ -22,8 +23,8 @@ while [ $# -gt 0 ]; do
       if ! [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
         echo "$0: invalid option $1" >&2; exit 1
       fi
-      if [ -z "${!name+defined}" ]; then
-        echo "$0: unknown option $1 (no variable '$name' defined in the script)" >&2; exit 1
+      if [ -z "${!name+defined}" ] || ! grep -q "^${name}=" "$0"; then
+        echo "$0: unknown option $1 (the script defines no variable '$name')" >&2; exit 1
       fi
       if [ $# -lt 2 ]; then
         echo "$0: option $1 needs a value" >&2; exit 1

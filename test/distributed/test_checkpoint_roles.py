@@ -12,6 +12,8 @@ import subprocess
 import sys
 from collections import Counter
 
+import torch
+
 from toolkit.bin.average_model import main as average_main
 from toolkit.utils.checkpoint import load_checkpoint
 
@@ -75,4 +77,14 @@ def test_two_nodes_write_and_delete_each_checkpoint_once(tmp_path):
                                               "train.yaml"])
     dst = str(tmp_path / "avg_2.pt")
     average_main(["--src_path", str(exp), "--num", "2", "--val_best", "--dst_model", dst])
-    assert set(load_checkpoint(dst)["model"]) == set(load_checkpoint(str(exp / "epoch_1.pt"))["model"])
+    # The average of the two kept epochs, value for value (mean in float64, as average_model accumulates).
+    averaged = load_checkpoint(dst)["model"]
+    epochs = [load_checkpoint(str(exp / f"epoch_{n}.pt"))["model"] for n in (0, 1)]
+    assert set(averaged) == set(epochs[0]) == set(epochs[1])
+    for key, value in averaged.items():
+        if value.is_floating_point():
+            expected = ((epochs[0][key].double() + epochs[1][key].double()) / 2).to(value.dtype)
+            assert torch.equal(value, expected), key
+        else:  # integer buffers come from the newest checkpoint
+            assert torch.equal(value, epochs[1][key]), key
+    assert not torch.equal(epochs[0]["encoder.embed.out.weight"], epochs[1]["encoder.embed.out.weight"])

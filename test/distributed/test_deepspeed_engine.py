@@ -1,14 +1,13 @@
-"""The deepspeed engine on 2 real gloo ranks (CPU): same losses as torch_ddp, uneven data, consolidated checkpoints
-(``--drop_shards``)."""
+"""The deepspeed engine on 2 real gloo ranks (CPU): the same weights as torch_ddp (within the float32 rounding bound of
+``worker_engine.RoundingBound``), uneven data, consolidated checkpoints (``--drop_shards``)."""
 
 import json
 import os
 
-import pytest
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
 from .launch import run_ranks
-from .tiny_ctc import TinyCTC
+from .tiny_ctc import TinyCTC, assert_within_rounding
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_engine.py")
 
@@ -21,28 +20,18 @@ def train(out_dir, *args, timeout=240):
     return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(2)]
 
 
-@pytest.fixture(scope="module")
-def ddp_and_zero0(tmp_path_factory):
-    base = tmp_path_factory.mktemp("compare")
-    return (train(base / "ddp", "10", "10"),
-            train(base / "ds0", "10", "10", "--engine", "deepspeed", "--stage", "0"))
-
-
-def test_zero0_fp32_matches_torch_ddp_for_10_steps(ddp_and_zero0):
-    ddp, ds = ddp_and_zero0
+def test_zero0_fp32_matches_torch_ddp_for_10_steps(tmp_path):
+    linear_sgd = ("--model", "linear", "--optim", "sgd")
+    ddp = train(tmp_path / "ddp", "10", "10", *linear_sgd, "--record_bound")
+    ds = train(tmp_path / "ds0", "10", "10", *linear_sgd, "--engine", "deepspeed", "--stage", "0")
     for rank in range(2):
         assert ddp[rank]["steps"] == ds[rank]["steps"] == 10
         assert len(ds[rank]["losses"]) == 10
-        assert ds[rank]["losses"] == pytest.approx(ddp[rank]["losses"], abs=1e-5)
-        assert ds[rank]["lr"] == pytest.approx(ddp[rank]["lr"], rel=1e-12)
+        assert ds[rank]["losses"][0] == ddp[rank]["losses"][0]  # the same weights before the first step
+        assert ds[rank]["lr"] == ddp[rank]["lr"]
     assert ds[0]["params"] == ds[1]["params"]
-    for key, values in ddp[0]["params"].items():
-        assert ds[0]["params"][key] == pytest.approx(values, abs=1e-5)
-    # Real learning on real speech, not a constant: the loss falls over the 10 steps on both engines.
-    assert ds[0]["losses"][-1] < ds[0]["losses"][0]
-    ddp_ms = 1000 * sorted(ddp[0]["step_s"])[len(ddp[0]["step_s"]) // 2]
-    ds_ms = 1000 * sorted(ds[0]["step_s"])[len(ds[0]["step_s"]) // 2]
-    print(f"median step: torch_ddp {ddp_ms:.1f} ms, deepspeed zero0 {ds_ms:.1f} ms")
+    assert_within_rounding(ds[0], ddp[0])
+    assert ds[0]["losses"][-1] < ds[0]["losses"][0]  # it trained
 
 
 def test_uneven_data_finishes_with_the_same_step_count_and_drops_shards(tmp_path):
@@ -57,4 +46,4 @@ def test_uneven_data_finishes_with_the_same_step_count_and_drops_shards(tmp_path
     model = TinyCTC()
     model.load_state_dict(load_checkpoint(path)[MODEL_KEY])
     for key, tensor in model.state_dict().items():
-        assert tensor.flatten().tolist() == pytest.approx(r0["params_at_save"][key], abs=1e-7)
+        assert tensor.flatten().tolist() == r0["params_at_save"][key]  # a copy of the fp32 weights, bit for bit

@@ -1,6 +1,8 @@
 """DeepSpeed ZeRO stages 1-3 against torch_ddp on 2 real gloo ranks, including the end of an epoch that falls inside
 a gradient accumulation: the last micro-batches of the epoch still make an optimizer step on every engine (the join
-tells every rank which batch is the last), so no gradient is lost at the epoch end or leaks into the next epoch."""
+tells every rank which batch is the last), so no gradient is lost at the epoch end or leaks into the next epoch.
+Weights are compared within the float32 rounding bound of ``worker_engine.RoundingBound`` (see
+``test_deepspeed_accum.py``)."""
 
 import json
 import os
@@ -8,6 +10,7 @@ import os
 import pytest
 
 from .launch import run_ranks
+from .tiny_ctc import assert_within_rounding
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_engine.py")
 
@@ -15,14 +18,15 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_engine
 def train(out_dir, *args):
     """Two 'epochs' of 5 and 4 micro-batches per rank (9 in all), accum_grad 2."""
     os.makedirs(out_dir, exist_ok=True)
-    proc = run_ranks(WORKER, str(out_dir), "9", "9", "--accum_grad", "2", "--save_after", "5", *args, timeout=300)
+    proc = run_ranks(WORKER, str(out_dir), "9", "9", "--accum_grad", "2", "--save_after", "5", "--model", "linear",
+                     "--optim", "sgd", "--grad_clip", "0", *args, timeout=300)  # no clipping: it hides a wrong scale
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(2)]
 
 
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory):
-    return train(tmp_path_factory.mktemp("ddp"))
+    return train(tmp_path_factory.mktemp("ddp"), "--record_bound")
 
 
 def test_torch_ddp_steps_on_the_epochs_last_partial_accumulation(ddp):
@@ -36,8 +40,7 @@ def test_zero_stage_matches_torch_ddp_across_an_epoch_end_inside_an_accumulation
     ds = train(tmp_path, "--engine", "deepspeed", "--stage", str(stage))
     for rank in range(2):
         assert ds[rank]["steps"] == 5
-        assert ds[rank]["losses"] == pytest.approx(ddp[rank]["losses"], abs=1e-5)
-        assert ds[rank]["lr"] == pytest.approx(ddp[rank]["lr"], rel=1e-12)
-    for key, values in ddp[0]["params"].items():
-        assert ds[0]["params"][key] == pytest.approx(values, abs=1e-5)
-        assert ds[1]["params"][key] == ds[0]["params"][key]
+        assert ds[rank]["lr"] == ddp[rank]["lr"]
+        assert ds[rank]["losses"][:2] == ddp[rank]["losses"][:2]  # the same weights until the first step
+    assert_within_rounding(ds[0], ddp[0])
+    assert ds[1]["params"] == ds[0]["params"]

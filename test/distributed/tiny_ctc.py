@@ -60,6 +60,23 @@ class TinyCTC(torch.nn.Module):
         return {"loss": loss}
 
 
+class TinyLinear(torch.nn.Module):
+    """A score linear in its parameters, for comparing engines: the loss is the batch mean of each utterance's
+    frame-averaged ``w . feats / 10 + b``. Its gradient depends on the data alone (no curvature), so an SGD step's
+    rounding never feeds back into a later gradient, and two engines' results can differ only by the float32
+    rounding that ``worker_engine.RoundingBound`` bounds. The engine under test still has to group the right
+    micro-batches into each step, scale them right and step the scheduler and the clipping right."""
+
+    def __init__(self, dim: int = 80):
+        super().__init__()
+        self.score = torch.nn.Linear(dim, 1)
+
+    def forward(self, feats, feats_lengths, target, target_lengths):
+        valid = torch.arange(feats.size(1)).unsqueeze(0) < feats_lengths.unsqueeze(1)  # (B, T)
+        frames = self.score(feats / 10).squeeze(2) * valid  # (B, T)
+        return {"loss": (frames.sum(1) / feats_lengths).mean()}
+
+
 def prepared_ddp_engine(ctx, train_conf: dict):
     """TinyCTC under the torch_ddp engine with Adam (lr 0.01, 2 warm-up steps): ``(engine, optimizer)``."""
     from toolkit.engine import init_engine
@@ -71,3 +88,13 @@ def prepared_ddp_engine(ctx, train_conf: dict):
     engine = init_engine("torch_ddp", ctx, train_conf, find_unused_parameters=False)
     engine.prepare(model, optimizer, scheduler)
     return engine, optimizer
+
+
+def assert_within_rounding(report: dict, reference: dict) -> None:
+    """Every parameter element of a worker ``report`` lies within the rounding bound of the ``reference`` run
+    (``worker_engine.py --record_bound``), and that bound is far below what training moved the parameters, so that
+    a real difference (a gradient scaled by another factor, a micro-batch in another step) cannot hide inside it."""
+    for key, values in reference["params"].items():
+        for i, (value, expected, limit) in enumerate(zip(report["params"][key], values, reference["bound"][key])):
+            assert abs(value - expected) <= limit, f"{key}[{i}]: {value} vs {expected}, rounding bound {limit:.3g}"
+    assert max(max(b) for b in reference["bound"].values()) < 1e-3 * reference["moved"]

@@ -3,7 +3,10 @@ or resuming a checkpoint, and writes a JSON report (per-step losses, steps, para
 
     worker_engine.py OUT_DIR BATCHES_RANK0 BATCHES_RANK1 [--engine deepspeed --stage 2] [--skip N]
         [--save PATH [--save_after N]] [--resume PATH] [--drop_shards]
-        [--join_mode monitored_barrier --join_timeout_s S]
+        [--join_mode monitored_barrier --join_timeout_s S] [--optim sgd --grad_clip 0 --record_bound]
+
+``--record_bound`` (torch_ddp, ``--model linear --optim sgd``) also reports ``bound``: per parameter element, how far another
+engine's result may lie from this one by float32 rounding alone (see :class:`RoundingBound`).
 
 Batch ``i`` of rank ``r`` is always the same utterances (from utterance ``40 r + batch_size i`` on, wrapping around
 the 80 training utterances), whatever the batch counts, so a resumed run with ``--skip`` sees exactly the batches
@@ -17,16 +20,17 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import TinyCTC, make_batch, utterances  # noqa: E402
+from tiny_ctc import TinyCTC, TinyLinear, make_batch, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import init_join  # noqa: E402
 from toolkit.engine import init_engine  # noqa: E402
 from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
 from toolkit.utils.config import resolve_train_conf  # noqa: E402
-from toolkit.utils.scheduler import init_optimizer_and_scheduler  # noqa: E402
+from toolkit.utils.scheduler import WarmupLR, init_optimizer_and_scheduler  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out_dir")
@@ -42,11 +46,73 @@ parser.add_argument("--resume", default=None, help="engine.load from this .pt be
 parser.add_argument("--drop_shards", action="store_true")
 parser.add_argument("--join_mode", default="flag")
 parser.add_argument("--join_timeout_s", type=float, default=30.0)
+parser.add_argument("--optim", default="adam", choices=("adam", "sgd"))
+parser.add_argument("--grad_clip", type=float, default=5.0)
+parser.add_argument("--model", default="ctc", choices=("ctc", "linear"))
+parser.add_argument("--record_bound", action="store_true")
 args = parser.parse_args()
 
+UNIT_ROUNDOFF = 2.0 ** -24  # float32
 
-class RecordingCTC(TinyCTC):
-    """TinyCTC that remembers each training forward's loss and the wall time between calls."""
+
+def gamma(n: int) -> float:
+    """Relative error bound of a float32 sum of n + 1 terms in any order, relative to the sum of their absolute
+    values (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., 2002, eq. 4.4)."""
+    return n * UNIT_ROUNDOFF / (1 - n * UNIT_ROUNDOFF)
+
+
+class RoundingBound:
+    """Per parameter element, how far two engines' parameters can lie apart by float32 rounding alone, for a model
+    whose gradient does not depend on its parameters (``TinyLinear``) trained with SGD, when the engines sum the same
+    gradient contributions in another order (DDP's buckets vs ZeRO's reduce-scatter; an accumulation summed before
+    or after the all-reduce) and compute the clipping norm in another order.
+
+    Each step both engines compute g = sum of the W x A contributions c = grad(loss / A) / W (W ranks, A
+    micro-batches; the scalings are powers of two, so exact), each within gamma(W A - 1) sum|c| of the exact sum,
+    so within 2 gamma(W A - 1) S of each other (S = sum|c| per element). Clipping scales g by k = clip / (|g| + 1e-6)
+    when below 1: the two engines' norms differ by the order of N squares (2 gamma(N + 3) relative, with the square
+    root and the division) plus what their g differ by (at most 4 gamma(W A - 1) |S| / |g| relative). The update
+    p - lr k g rounds twice per engine: 2 u (|p| + lr k S) between them. No term feeds back into a later gradient,
+    so the bound is the sum over the steps.
+    """
+
+    def __init__(self, model: torch.nn.Module, world_size: int, accum_grad: int, grad_clip: float):
+        self.named = list(model.named_parameters())
+        self.gamma = gamma(world_size * accum_grad - 1)
+        self.gamma_norm = gamma(sum(p.numel() for _, p in self.named) + 3)
+        self.scale = 1.0 / (world_size * accum_grad)
+        self.grad_clip = grad_clip
+        self.contrib = [torch.zeros_like(p, dtype=torch.float64) for _, p in self.named]  # S of the current step
+        self.bound = [torch.zeros_like(p, dtype=torch.float64) for _, p in self.named]
+
+    def add_micro_batch(self, loss: torch.Tensor) -> None:
+        """``loss``: the model's loss of one micro-batch (the executor divides it by A before backward)."""
+        grads = torch.autograd.grad(loss, [p for _, p in self.named], retain_graph=True)
+        for total, grad in zip(self.contrib, grads):
+            total += grad.double().abs() * self.scale
+
+    def add_step(self, lr: float, grad_norm: float, params_before: list[torch.Tensor]) -> None:
+        """After an optimizer step that used ``lr`` (every rank: sums the contributions over the ranks)."""
+        flat = torch.cat([c.flatten() for c in self.contrib])
+        dist.all_reduce(flat)
+        k, relative = 1.0, 2 * self.gamma + 2 * UNIT_ROUNDOFF
+        if 0 < self.grad_clip < grad_norm:
+            k = self.grad_clip / (grad_norm + 1e-6)
+            relative += 2 * self.gamma_norm + 4 * self.gamma * float(flat.norm()) / grad_norm
+        offset = 0
+        for bound, contrib, before, (_, param) in zip(self.bound, self.contrib, params_before, self.named):
+            summed = flat[offset:offset + contrib.numel()].view_as(contrib)
+            offset += contrib.numel()
+            larger = torch.maximum(before.abs(), param.detach().double().abs())
+            bound += lr * k * relative * summed + 2 * UNIT_ROUNDOFF * larger
+            contrib.zero_()
+
+    def report(self) -> dict:
+        return {name: b.flatten().tolist() for (name, _), b in zip(self.named, self.bound)}
+
+
+class Recording(TinyLinear if args.model == "linear" else TinyCTC):
+    """The model under test, remembering each training forward's loss and the wall time between calls."""
 
     def __init__(self):
         super().__init__()
@@ -57,6 +123,8 @@ class RecordingCTC(TinyCTC):
         if self.training:
             self.losses.append(float(out["loss"].detach()))
             self.times.append(time.perf_counter())
+            if bound is not None:
+                bound.add_micro_batch(out["loss"])
         return out
 
 
@@ -66,23 +134,42 @@ utts = utterances()
 offset = 40 * ctx.rank
 mine = [make_batch([utts[(offset + i * args.batch_size + j) % len(utts)] for j in range(args.batch_size)])
         for i in range(args.skip, args.batches[ctx.rank])]
-train_conf = resolve_train_conf({"train_conf": {"log_interval": 1, "grad_clip": 5.0,
+train_conf = resolve_train_conf({"train_conf": {"log_interval": 1, "grad_clip": args.grad_clip,
                                                  "accum_grad": args.accum_grad, "join_mode": args.join_mode,
                                                  "join_timeout_s": args.join_timeout_s}})
 ds_config = os.path.join(args.out_dir, "ds_config.json")
 if ctx.is_main:
     with open(ds_config, "w") as f:
-        json.dump({"zero_optimization": {"stage": args.stage}, "steps_per_print": 1_000_000}, f)
+        json.dump({"zero_optimization": {"stage": args.stage}, "steps_per_print": 1_000_000,
+                   "zero_allow_untested_optimizer": True}, f)
 torch.distributed.barrier()
-model = RecordingCTC()
-optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
-                                                    {"warmup_steps": 2})
+bound = None
+model = Recording()
+if args.optim == "adam":
+    optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
+                                                        {"warmup_steps": 2})
+else:  # NOTE: SGD's update is linear in the gradient: a loss or gradient scaled wrongly shows in full.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scheduler = WarmupLR(optimizer, warmup_steps=2)
 is_ds = args.engine == "deepspeed"
 engine = init_engine(args.engine, ctx, train_conf, find_unused_parameters=False,
                      deepspeed_config=ds_config if is_ds else None,
                      batch_conf={"batch_type": "static", "batch_size": args.batch_size},
                      keep_shards=not args.drop_shards)
 engine.prepare(model, optimizer, scheduler)
+if args.record_bound:
+    assert (args.engine, args.optim, args.model) == ("torch_ddp", "sgd", "linear"), "the bound's assumptions"
+    bound = RoundingBound(model, ctx.world_size, args.accum_grad, args.grad_clip)
+    initial = [p.detach().double().clone() for p in model.parameters()]
+    engine_step = engine.step
+
+    def step_recording_bound():
+        lr, before = engine.lr, [p.detach().double().clone() for p in model.parameters()]
+        grad_norm = engine_step()
+        bound.add_step(lr, grad_norm, before)
+        return grad_norm
+
+    engine.step = step_recording_bound
 report = {"rank": ctx.rank}
 if args.resume:
     try:
@@ -106,6 +193,9 @@ report.update({"steps": progress.step, "dropped": dropped + join.report.dropped,
                "local_utts": first.num_utts + second.num_utts, "losses": model.losses,
                "step_s": [b - a for a, b in zip(model.times, model.times[1:])], "lr": engine.lr,
                "params": {k: v.float().flatten().tolist() for k, v in engine.module.state_dict().items()}})
+if bound is not None:
+    report["bound"] = bound.report()
+    report["moved"] = max(float((p.detach().double() - p0).abs().max()) for p, p0 in zip(model.parameters(), initial))
 with open(os.path.join(args.out_dir, f"rank{ctx.rank}.json"), "w") as f:
     json.dump(report, f)
 join.close()

@@ -32,6 +32,8 @@ def test_help_prints_header(tmp_path):
 
 def test_errors(tmp_path):
     for args, message in ((["--nj", "4"], "unknown option --nj"), (["--use_gpu", "yes"], "true or false"),
-                          (["--stage"], "needs a value")):
+                          (["--stage"], "needs a value"),
+                          # environment variables are not the script's options
+                          (["--HOME", "/tmp"], "unknown option --HOME"), (["--PATH", "/bin"], "unknown option --PATH")):
         run = run_recipe(tmp_path, *args)
         assert run.returncode == 1 and message in run.stderr and run.stdout == ""

@@ -67,8 +67,11 @@ def test_fbank_matches_kaldi_native_fbank_on_real_speech():
         reference.input_finished()
         expected = torch.from_numpy(np.stack([reference.get_frame(i) for i in range(reference.num_frames_ready)]))
         assert ours.shape == expected.shape
-        assert (ours - expected).abs().mean() < 1e-3
-        assert (ours - expected).abs().max() < 0.5  # only near the log floor of silent bins
+        # NOTE: two float32 FFT implementations: a bin's power differs by rounding relative to the frame's whole
+        # power, so the log of a quiet bin differs most. Measured on these files: mean 0.9e-5 to 3.4e-5, max 1.2e-3
+        # (log energies 2.5 to 16); README states the mean.
+        assert (ours - expected).abs().mean() < 5e-5
+        assert (ours - expected).abs().max() < 5e-3
 
 
 def test_resample_44k_to_16k_keeps_duration(tmp_path):

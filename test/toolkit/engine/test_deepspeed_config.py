@@ -7,7 +7,8 @@ import pytest
 from toolkit.distributed.context import DistContext
 from toolkit.engine import init_engine
 from toolkit.engine.deepspeed import check_deepspeed_config, expected_shard_files, load_deepspeed_config
-from toolkit.utils.config import ConfigError, resolve_train_conf
+from toolkit.dataset.pipeline import resolve_dataset_conf
+from toolkit.utils.config import ConfigError, load_config, resolve_train_conf
 
 RECIPE_CONF = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf")
 TRAIN_CONF = resolve_train_conf({"train_conf": {"accum_grad": 4, "grad_clip": 5.0, "dtype": "bf16"}})
@@ -44,11 +45,21 @@ def test_dynamic_batches_skip_the_micro_batch_pair_and_optimizer_sections_are_re
         check_deepspeed_config({"train_batch_size": 64}, TRAIN_CONF, STATIC)
 
 
+@pytest.mark.parametrize("yaml_name", ["train_conformer.yaml", "train_tiny.yaml"])
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_shipped_json_agrees_with_the_recipe_yaml(stage):
+def test_shipped_json_agrees_with_the_recipe_yaml(stage, yaml_name):
+    # The recipe pairs each shipped JSON with its YAMLs (run.sh --train_engine deepspeed): the JSON's values must
+    # agree with what the YAML says, and what the JSON leaves out is taken from the YAML.
+    configs = load_config(os.path.join(RECIPE_CONF, yaml_name))
+    train_conf = resolve_train_conf(configs)
+    batch_conf = resolve_dataset_conf(configs["dataset_conf"])["batch_conf"]
     ds = load_deepspeed_config(os.path.join(RECIPE_CONF, f"ds_stage{stage}.json"))
-    conf = check_deepspeed_config(ds, resolve_train_conf({"train_conf": {"grad_clip": 5.0}}), STATIC)
+    conf = check_deepspeed_config(ds, train_conf, batch_conf)
     assert conf["zero_optimization"]["stage"] == stage
+    assert conf["train_micro_batch_size_per_gpu"] == batch_conf["batch_size"]
+    assert conf["gradient_accumulation_steps"] == train_conf["accum_grad"]
+    assert conf["gradient_clipping"] == train_conf["grad_clip"]
+    assert conf["bf16"]["enabled"] == (train_conf["dtype"] == "bf16")
 
 
 def test_bad_json_and_wrong_engine_are_config_errors(tmp_path):

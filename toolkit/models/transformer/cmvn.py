@@ -4,6 +4,8 @@ import json
 import torch
 from torch import nn
 
+from toolkit.utils.config import ConfigError
+
 
 def load_global_cmvn(cmvn_file: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Read global CMVN statistics and turn them into a mean and an inverse standard deviation.
@@ -15,16 +17,28 @@ def load_global_cmvn(cmvn_file: str) -> tuple[torch.Tensor, torch.Tensor]:
         (mean, istd): float32 (D,) each.
 
     Raises:
-        OSError: the file cannot be read. KeyError / ValueError: a field is missing, the two stat
-        vectors differ in length, or ``frame_num`` is not positive.
+        ConfigError: the file is missing or unreadable (the message says how to make it or turn CMVN off), is not
+            JSON, lacks a field, the two stat vectors differ in length, or ``frame_num`` is not positive.
     """
-    with open(cmvn_file, encoding="utf-8") as f:
-        stats = json.load(f)
+    try:
+        with open(cmvn_file, encoding="utf-8") as f:
+            stats = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"cmvn_conf.cmvn_file {cmvn_file}: {e.strerror}; compute it with "
+                          "tools/compute_cmvn_stats.py (the recipe's stage 1), or set 'cmvn: null'") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"cmvn_conf.cmvn_file {cmvn_file}: not JSON ({e}); rewrite it with "
+                          "tools/compute_cmvn_stats.py") from e
+    missing = [key for key in ("mean_stat", "var_stat", "frame_num") if key not in stats]
+    if missing:
+        raise ConfigError(f"cmvn_conf.cmvn_file {cmvn_file}: no {missing}; rewrite it with tools/compute_cmvn_stats.py")
     mean_stat = torch.tensor(stats["mean_stat"], dtype=torch.float64)
     var_stat = torch.tensor(stats["var_stat"], dtype=torch.float64)
     frame_num = float(stats["frame_num"])
-    if mean_stat.shape != var_stat.shape or frame_num <= 0:
-        raise ValueError(f"inconsistent CMVN stats in {cmvn_file}")
+    if mean_stat.shape != var_stat.shape or not frame_num > 0:
+        raise ConfigError(f"cmvn_conf.cmvn_file {cmvn_file}: inconsistent stats (mean_stat {tuple(mean_stat.shape)}, "
+                          f"var_stat {tuple(var_stat.shape)}, frame_num {frame_num}); rewrite it with "
+                          "tools/compute_cmvn_stats.py")
     mean = mean_stat / frame_num
     # E[x^2] - E[x]^2 can dip below zero by rounding on constant bins; the floor keeps istd finite.
     variance = (var_stat / frame_num - mean * mean).clamp(min=1.0e-20)
