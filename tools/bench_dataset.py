@@ -19,7 +19,7 @@ Usage:
         --config examples/english/s0/conf/train_conformer.yaml
 """
 import argparse
-import copy
+import dataclasses
 import json
 import os
 import statistics
@@ -37,8 +37,9 @@ from make_shard_list import make_shards  # noqa: E402
 
 from toolkit.dataset.pipeline import build_dataloader, build_dataset  # noqa: E402
 from toolkit.models.registry import init_model  # noqa: E402
+from toolkit.config import Config, read_config  # noqa: E402
+from toolkit.dataset import DatasetConf  # noqa: E402
 from toolkit.text.tokenizer import CharTokenizer, text_to_char_units, write_symbol_table  # noqa: E402
-from toolkit.utils.config import load_config  # noqa: E402
 
 
 def write_lists(corpus_dir: str, corpora: list, num_utts: int, work_dir: str) -> tuple:
@@ -64,26 +65,26 @@ def write_lists(corpus_dir: str, corpora: list, num_utts: int, work_dir: str) ->
     return lists, table
 
 
-def bench_pipeline(data_list: str, tokenizer, dataset_conf: dict) -> dict:
+def bench_pipeline(data_list: str, tokenizer, dataset_conf: DatasetConf) -> dict:
     """One training-mode pass in this process; returns utts, audio_s, wall_s and the rates."""
     dataset = build_dataset(data_list, tokenizer, dataset_conf, mode="train")
     start, cpu_start = time.perf_counter(), time.process_time()
     utts = frames = 0
-    for batch in build_dataloader(dataset, dataset_conf):
+    for batch in build_dataloader(dataset, dataset_conf.dataloader_conf):
         utts += len(batch["keys"])
         frames += int(batch["feats_lengths"].sum())
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    audio_s = frames * dataset_conf["fbank_conf"]["frame_shift"] / 1000
+    audio_s = frames * dataset_conf.fbank_conf.frame_shift_s
     return {"utts": utts, "audio_s": audio_s, "wall_s": wall, "cpu_s": cpu, "utts_per_s": utts / wall,
             "audio_s_per_s": audio_s / wall, "audio_s_per_cpu_s": audio_s / cpu}
 
 
-def bench_training(configs: dict, batches: list, frame_shift_ms: float) -> dict:
+def bench_training(config: Config, vocab_size: int, batches: list) -> dict:
     """Seconds per optimizer step of the config's model over ``batches`` (the first one is a warm-up)."""
     torch.manual_seed(0)
-    model = init_model(configs)
+    model = init_model(config, config.input_dim, vocab_size)
     model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=configs["optim_conf"]["lr"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.optim_conf["lr"])
     times, cpu_times, audio = [], [], []
     for batch in batches:
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -93,7 +94,7 @@ def bench_training(configs: dict, batches: list, frame_shift_ms: float) -> dict:
         optimizer.step()
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
-        audio.append(float(batch["feats_lengths"].sum()) * frame_shift_ms / 1000)
+        audio.append(float(batch["feats_lengths"].sum()) * config.dataset_conf.fbank_conf.frame_shift_s)
     step_s = statistics.median(times[1:])
     audio_per_step = statistics.median(audio[1:])
     params = sum(p.numel() for p in model.parameters())
@@ -111,22 +112,21 @@ def main():
     args = parser.parse_args()
     # 1. one thread everywhere: the pipeline number is per loader worker, the training number per process
     torch.set_num_threads(1)
-    configs = load_config(args.config)
+    # the model without CMVN (a per-bin affine, no cost), its data in this process
+    config = read_config(args.config, ["cmvn null", "dataset_conf.dataloader_conf.num_workers 0"])
     with tempfile.TemporaryDirectory() as work_dir:
         lists, table = write_lists(args.corpus_dir, args.corpora, args.num_utts, work_dir)
         tokenizer = CharTokenizer(table)
         # 2. the full pipeline, every processor on
-        conf = copy.deepcopy(configs["dataset_conf"])
-        conf.update(speed_perturb=True, spec_aug=True, dataloader_conf={"num_workers": 0})
+        conf = dataclasses.replace(config.dataset_conf, speed_perturb=True, spec_aug=True)
         bench_pipeline(lists["raw"], tokenizer, conf)  # warm the page cache
-        results = {name: bench_pipeline(path, tokenizer, dict(conf, data_type=name.split("-")[0]))
+        results = {name: bench_pipeline(path, tokenizer, dataclasses.replace(conf, data_type=name.split("-")[0]))
                    for name, path in lists.items()}
         # 3. training consumption on real batches of the recipe's own batching
-        train_conf = dict(configs["dataset_conf"], dataloader_conf={"num_workers": 0})
-        loader = build_dataloader(build_dataset(lists["raw"], tokenizer, train_conf, mode="train"), train_conf)
+        train_set = build_dataset(lists["raw"], tokenizer, config.dataset_conf, mode="train")
+        loader = build_dataloader(train_set, config.dataset_conf.dataloader_conf)
         batches = [b for _, b in zip(range(args.train_steps + 1), loader)]
-    configs.update(input_dim=conf["fbank_conf"]["num_mel_bins"], output_dim=tokenizer.vocab_size(), cmvn=None)
-    training = bench_training(configs, batches, conf["fbank_conf"]["frame_shift"])
+    training = bench_training(config, tokenizer.vocab_size(), batches)
     # 4. report
     for data_type, r in results.items():
         print(f"pipeline {data_type:10s}: {r['utts']} utts, {r['audio_s']:.0f} audio-s in {r['wall_s']:.1f} s wall "

@@ -21,11 +21,11 @@ from multiprocessing import Pool
 from typing import List, Optional, Tuple
 
 import numpy as np
-import yaml
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from toolkit.dataset.processor import SkipSample, compute_fbank, read_audio, resample  # noqa: E402
+from toolkit.config import read_config
+from toolkit.dataset.processor import SkipSample, compute_fbank, read_audio, resample
+from toolkit.utils.config import exit_on_config_error
 
 
 def read_wav_paths(in_data_list: Optional[str], in_scp: Optional[str], wav_root: Optional[str]) -> List[str]:
@@ -70,21 +70,23 @@ def compute_stats(paths: List[str], fbank_conf: dict, resample_rate: int, num_wo
     return {"mean_stat": mean_stat.tolist(), "var_stat": var_stat.tolist(), "frame_num": frame_num}
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--in_data_list", help="data.list of JSON lines with a 'wav' field")
     source.add_argument("--in_scp", help="Kaldi wav.scp")
     parser.add_argument("--wav_root", help="directory that relative --in_scp paths are relative to")
     parser.add_argument("--train_config", required=True, help="YAML with dataset_conf.fbank_conf")
+    parser.add_argument("--override_config", action="append", default=[],
+                        help="as train.py's (the recipe passes the same ones), e.g. a frame shift")
     parser.add_argument("--num_workers", type=int, default=1)
     parser.add_argument("--out_cmvn", required=True, help="output JSON file")
     args = parser.parse_args()
-    with open(args.train_config, encoding="utf-8") as f:
-        dataset_conf = (yaml.safe_load(f) or {}).get("dataset_conf", {})
-    fbank_conf = {"num_mel_bins": 80, "frame_length": 25, "frame_shift": 10}
-    fbank_conf.update({k: v for k, v in dataset_conf.get("fbank_conf", {}).items() if k in fbank_conf})
-    resample_rate = dataset_conf.get("resample_conf", {}).get("resample_rate", 16000)
+    conf = read_config(args.train_config, args.override_config).dataset_conf
+    fbank = conf.fbank_conf
+    fbank_conf = {"num_mel_bins": fbank.num_mel_bins, "frame_length": fbank.frame_length,
+                  "frame_shift": fbank.frame_shift}
+    resample_rate = conf.resample_conf.resample_rate
     paths = read_wav_paths(args.in_data_list, args.in_scp, args.wav_root)
     stats = compute_stats(paths, fbank_conf, resample_rate, args.num_workers)
     if os.path.dirname(args.out_cmvn):
@@ -95,4 +97,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)

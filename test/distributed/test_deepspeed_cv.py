@@ -11,6 +11,7 @@ import os
 import torch
 import yaml
 
+from toolkit.config import read_config
 from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import init_tokenizer
@@ -36,12 +37,12 @@ def test_zero3_cv_with_a_rank_that_has_no_cv_batch(tmp_path):
     info = yaml.safe_load(open(model_dir / "epoch_0.yaml"))
     assert info["cv_utts"] == 1
 
-    configs = yaml.safe_load(open(model_dir / "train.yaml"))
-    model = init_model(configs)
+    config = read_config(str(model_dir / "train.yaml"))
+    tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
+    model = init_model(config, config.input_dim, tokenizer.vocab_size())
     model.load_state_dict(load_checkpoint(str(model_dir / "epoch_0.pt"))[MODEL_KEY])
-    tokenizer = init_tokenizer(configs["tokenizer"], configs["tokenizer_conf"])
-    dataset = build_dataset(str(tmp_path / "cv.list"), tokenizer, configs["dataset_conf"], mode="cv")
-    (batch,) = [b for b in build_dataloader(dataset, configs["dataset_conf"]) if b["keys"]]
+    dataset = build_dataset(str(tmp_path / "cv.list"), tokenizer, config.dataset_conf, mode="cv")
+    (batch,) = [b for b in build_dataloader(dataset, config.dataset_conf.dataloader_conf) if b["keys"]]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks ran (OMP_NUM_THREADS=1)
     try:

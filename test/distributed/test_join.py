@@ -11,7 +11,9 @@ import os
 import pytest
 import torch.distributed as dist
 from toolkit.distributed.join import init_join
-from toolkit.utils.config import ConfigError, resolve_train_conf
+from toolkit.distributed.context import DistContext
+from toolkit.engine.train_conf import resolve_train_conf
+from toolkit.utils.config import ConfigError
 
 from .launch import run_ranks
 
@@ -102,15 +104,16 @@ def test_monitored_barrier_a_rank_slower_than_the_timeout_ends_the_epoch_for_all
 
 
 def test_join_mode_and_timeout_are_validated_with_the_choices_in_the_error():
-    assert resolve_train_conf({})["join_mode"] == "flag"
-    assert resolve_train_conf({})["join_timeout_s"] == 30.0
+    assert resolve_train_conf({}).join_mode == "flag"
+    assert resolve_train_conf({}).join_timeout_s == 30.0
     with pytest.raises(ConfigError, match=r"join_mode: 'barrier' is not one of \['flag', 'monitored_barrier'\]"):
-        resolve_train_conf({"train_conf": {"join_mode": "barrier"}})
-    for bad in (0, -1.0, True, "5"):
-        with pytest.raises(ConfigError, match="join_timeout_s must be a positive number"):
-            resolve_train_conf({"train_conf": {"join_timeout_s": bad}})
+        resolve_train_conf({"join_mode": "barrier"})
+    for bad, message in ((0, "must be a positive number"), (-1.0, "must be a positive number"),
+                         (True, "expected a finite number"), ("5", "expected a finite number")):
+        with pytest.raises(ConfigError, match=f"join_timeout_s.*{message}"):
+            resolve_train_conf({"join_timeout_s": bad})
     with pytest.raises(ValueError, match="join_mode 'barrier' is not one of"):
-        init_join({"join_mode": "barrier", "join_timeout_s": 3.0})
+        init_join(DistContext(), "barrier", 3.0)
 
 
 def test_monitored_barrier_timeout_must_be_below_the_pg_timeout():
@@ -118,8 +121,9 @@ def test_monitored_barrier_timeout_must_be_below_the_pg_timeout():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=10))
     try:
+        ctx = DistContext(pg_timeout=datetime.timedelta(seconds=10))
         with pytest.raises(ValueError, match=r"join_timeout_s \(10.0 s\) must be below the process-group timeout"):
-            init_join({"join_mode": "monitored_barrier", "join_timeout_s": 10.0})
-        assert init_join({"join_mode": "monitored_barrier", "join_timeout_s": 9.5}).timeout.total_seconds() == 9.5
+            init_join(ctx, "monitored_barrier", 10.0)
+        assert init_join(ctx, "monitored_barrier", 9.5).timeout.total_seconds() == 9.5
     finally:
         dist.destroy_process_group()

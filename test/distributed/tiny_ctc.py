@@ -98,3 +98,13 @@ def assert_within_rounding(report: dict, reference: dict) -> None:
         for i, (value, expected, limit) in enumerate(zip(report["params"][key], values, reference["bound"][key])):
             assert abs(value - expected) <= limit, f"{key}[{i}]: {value} vs {expected}, rounding bound {limit:.3g}"
     assert max(max(b) for b in reference["bound"].values()) < 1e-3 * reference["moved"]
+
+
+def executor_for(engine, join, train_conf, out_dir: str, checkpointer=None):
+    """An :class:`~toolkit.engine.executor.Executor` over ``engine`` for worker scripts that feed it lists of
+    batches (10 ms frames; with no checkpointer given, one in ``out_dir`` that only saves when asked)."""
+    from toolkit.engine.checkpointer import Checkpointer
+    from toolkit.engine.executor import Executor
+
+    checkpointer = checkpointer or Checkpointer(engine, out_dir, train_conf)
+    return Executor(engine, join, checkpointer, train_conf, frame_shift_s=0.01, data_signature="test")

@@ -13,14 +13,13 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import TinyCTC, make_batch, utterances  # noqa: E402
+from tiny_ctc import TinyCTC, executor_for, make_batch, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import FlagJoin  # noqa: E402
 from toolkit.engine import init_engine  # noqa: E402
 from toolkit.engine.checkpointer import Checkpointer  # noqa: E402
-from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
-from toolkit.utils.config import resolve_train_conf  # noqa: E402
+from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
 from toolkit.utils.scheduler import init_optimizer_and_scheduler  # noqa: E402
 
 NUM_BATCHES, BATCH_SIZE, LOAD_S = 10, 4, 0.3
@@ -49,7 +48,7 @@ class RecordingCheckpointer(Checkpointer):
         return super().save(tag, info)
 
 
-train_conf = resolve_train_conf({"train_conf": {"log_interval": 1, "save_interval_minutes": 2.0 / 60}})
+train_conf = resolve_train_conf({"log_interval": 1, "save_interval_minutes": 2.0 / 60})
 model = TinyCTC()
 optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
                                                     {"warmup_steps": 2})
@@ -57,10 +56,10 @@ engine = init_engine("torch_ddp", ctx, train_conf, find_unused_parameters=False)
 engine.prepare(model, optimizer, scheduler)
 skewed = (lambda: time.monotonic() + 3600.0) if ctx.rank == 1 else time.monotonic
 checkpointer = RecordingCheckpointer(engine, out_dir, train_conf, clock=skewed)
-join = FlagJoin()
-progress = TrainProgress()
-train_one_epoch(engine, join, SlowLoader(), progress, train_conf, checkpointer=checkpointer)
+join = FlagJoin(ctx.pg_timeout)
+executor = executor_for(engine, join, train_conf, out_dir, checkpointer)
+executor.train(SlowLoader())
 with open(os.path.join(out_dir, f"rank{ctx.rank}.json"), "w") as f:
-    json.dump({"steps": progress.step, "saved": checkpointer.tags}, f)
+    json.dump({"steps": executor.progress.step, "saved": checkpointer.tags}, f)
 join.close()
 destroy_distributed()

@@ -23,13 +23,12 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import TinyCTC, TinyLinear, make_batch, utterances  # noqa: E402
+from tiny_ctc import TinyCTC, TinyLinear, executor_for, make_batch, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import init_join  # noqa: E402
 from toolkit.engine import init_engine  # noqa: E402
-from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
-from toolkit.utils.config import resolve_train_conf  # noqa: E402
+from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
 from toolkit.utils.scheduler import WarmupLR, init_optimizer_and_scheduler  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -134,9 +133,8 @@ utts = utterances()
 offset = 40 * ctx.rank
 mine = [make_batch([utts[(offset + i * args.batch_size + j) % len(utts)] for j in range(args.batch_size)])
         for i in range(args.skip, args.batches[ctx.rank])]
-train_conf = resolve_train_conf({"train_conf": {"log_interval": 1, "grad_clip": args.grad_clip,
-                                                 "accum_grad": args.accum_grad, "join_mode": args.join_mode,
-                                                 "join_timeout_s": args.join_timeout_s}})
+train_conf = resolve_train_conf({"log_interval": 1, "grad_clip": args.grad_clip, "accum_grad": args.accum_grad,
+                                 "join_mode": args.join_mode, "join_timeout_s": args.join_timeout_s})
 ds_config = os.path.join(args.out_dir, "ds_config.json")
 if ctx.is_main:
     with open(ds_config, "w") as f:
@@ -153,8 +151,7 @@ else:  # NOTE: SGD's update is linear in the gradient: a loss or gradient scaled
     scheduler = WarmupLR(optimizer, warmup_steps=2)
 is_ds = args.engine == "deepspeed"
 engine = init_engine(args.engine, ctx, train_conf, find_unused_parameters=False,
-                     deepspeed_config=ds_config if is_ds else None,
-                     batch_conf={"batch_type": "static", "batch_size": args.batch_size},
+                     deepspeed_config=ds_config if is_ds else None, micro_batch_size=args.batch_size,
                      keep_shards=not args.drop_shards)
 engine.prepare(model, optimizer, scheduler)
 if args.record_bound:
@@ -179,15 +176,18 @@ if args.resume:
             f.write(str(e))
         destroy_distributed()
         sys.exit(3)
-join = init_join(train_conf)
-progress = TrainProgress()
+join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s)
+executor = executor_for(engine, join, train_conf, args.out_dir)
+progress = executor.progress
 split = len(mine) if args.save_after is None else args.save_after
-first = train_one_epoch(engine, join, mine[:split], progress, train_conf)
+executor.train(mine[:split])
+first = executor.running.stats  # this rank's own statistics
 dropped = join.report.dropped
 if args.save:
     engine.save(args.save, {"epoch": 0, "step": progress.step, "tag": "test"})
     report["params_at_save"] = {k: v.float().flatten().tolist() for k, v in engine.module.state_dict().items()}
-second = train_one_epoch(engine, join, mine[split:], progress, train_conf)
+executor.train(mine[split:])
+second = executor.running.stats
 report.update({"steps": progress.step, "dropped": dropped + join.report.dropped,
                "dropped_utts": first.dropped_utts + second.dropped_utts,
                "local_utts": first.num_utts + second.num_utts, "losses": model.losses,

@@ -16,12 +16,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import make_batch, prepared_ddp_engine, utterances  # noqa: E402
+from tiny_ctc import executor_for, make_batch, prepared_ddp_engine, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import init_join  # noqa: E402
-from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
-from toolkit.utils.config import resolve_train_conf  # noqa: E402
+from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out_dir")
@@ -47,12 +46,13 @@ def loader():
         yield batch
 
 
-train_conf = resolve_train_conf({"train_conf": {"log_interval": 1}})
+train_conf = resolve_train_conf({"log_interval": 1})
 engine, _ = prepared_ddp_engine(ctx, train_conf)
-join = init_join(train_conf)
-progress = TrainProgress()
+join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s)
+executor = executor_for(engine, join, train_conf, args.out_dir)
+progress = executor.progress
 try:
-    train_one_epoch(engine, join, loader(), progress, train_conf)
+    executor.train(loader())
 except Exception as e:
     if ctx.rank == 0:
         with open(os.path.join(args.out_dir, "rank0_error.json"), "w") as f:

@@ -16,7 +16,7 @@ from toolkit.distributed.context import destroy_distributed, init_distributed  #
 from toolkit.distributed.main_only import (is_local_main_process, is_main_process, main_process_only,  # noqa: E402
                                            run_on_main)
 from toolkit.engine import init_engine  # noqa: E402
-from toolkit.utils.config import resolve_train_conf  # noqa: E402
+from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
 from toolkit.utils.scheduler import init_optimizer_and_scheduler  # noqa: E402
 
 out_dir, scenario = sys.argv[1], sys.argv[2]
@@ -48,7 +48,7 @@ elif scenario == "nested":
 
     report["result"] = outer()
 elif scenario == "collective_inside":
-    train_conf = resolve_train_conf({"train_conf": {}})
+    train_conf = resolve_train_conf({})
     model = TinyCTC()
     optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr", {})
     engine = init_engine("torch_ddp", ctx, train_conf, find_unused_parameters=False)

@@ -10,18 +10,18 @@ import sys
 
 import torch.distributed as dist
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.dataset import build_dataloader, build_dataset, resolve_dataset_conf
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.text.tokenizer import CharTokenizer
 
 shard_list, units, out_json = sys.argv[1:4]
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
 ctx = init_distributed(timeout_s=60)
-conf = {"data_type": "shard", "shuffle_conf": {"shuffle_size": 4}, "sort_conf": {"sort_size": 4},
-        "batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 600},
-        "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
+conf = resolve_dataset_conf({"data_type": "shard", "shuffle_conf": {"shuffle_size": 4}, "sort_conf": {"sort_size": 4},
+                             "batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 600},
+                             "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}})
 dataset = build_dataset(shard_list, CharTokenizer(units), conf, rank=ctx.rank, world_size=ctx.world_size)
-loader = build_dataloader(dataset, conf)
+loader = build_dataloader(dataset, conf.dataloader_conf)
 report = []
 for epoch in range(2):
     dataset.set_epoch(epoch)

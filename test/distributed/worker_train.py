@@ -16,12 +16,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import make_batch, prepared_ddp_engine, utterances  # noqa: E402
+from tiny_ctc import executor_for, make_batch, prepared_ddp_engine, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import init_join  # noqa: E402
-from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
-from toolkit.utils.config import resolve_train_conf  # noqa: E402
+from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out_dir")
@@ -53,16 +52,17 @@ class SlowLoader:
             yield batch
 
 
-train_conf = resolve_train_conf({"train_conf": {"accum_grad": args.accum_grad, "log_interval": 1,
-                                                 "join_mode": args.join_mode, "join_timeout_s": args.join_timeout_s}})
+train_conf = resolve_train_conf({"accum_grad": args.accum_grad, "log_interval": 1, "join_mode": args.join_mode,
+                                 "join_timeout_s": args.join_timeout_s})
 engine, optimizer = prepared_ddp_engine(ctx, train_conf)
-join = init_join(train_conf)
-progress = TrainProgress()
+join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s)
+executor = executor_for(engine, join, train_conf, args.out_dir)
+progress = executor.progress
 epochs = []  # per epoch: this rank's optimizer steps, join report and reduced statistics
 for epoch in range(args.epochs):
     start_step = progress.step
-    stats = train_one_epoch(engine, join, SlowLoader(), progress, train_conf)
-    reduced = stats.reduce()
+    reduced = executor.train(SlowLoader())
+    stats = executor.running.stats  # this rank's own
     epochs.append({"steps": progress.step - start_step, "join_steps": join.report.steps,
                    "dropped": join.report.dropped, "dropped_utts": stats.dropped_utts,
                    "missing_ranks": join.report.missing_ranks, "local_utts": stats.num_utts,

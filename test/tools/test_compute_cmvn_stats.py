@@ -20,7 +20,8 @@ def test_cmvn_stats_match_numpy_over_pipeline_fbank(tmp_path):
     config.write_text("dataset_conf:\n  fbank_conf:\n    num_mel_bins: 40\n    frame_shift: 10\n"
                       "    frame_length: 25\n    dither: 1.0\n")
     feats = np.concatenate([
-        processor.compute_fbank(processor.read_audio({"wav": w}), num_mel_bins=40, dither=0.0)["feat"].numpy()
+        processor.compute_fbank(processor.read_audio({"wav": w}), num_mel_bins=40, frame_length=25.0,
+                                frame_shift=10.0, dither=0.0)["feat"].numpy()
         for w in wavs]).astype(np.float64)
     outputs = []
     scp_source = ["--in_scp", DEV / "wav.scp", "--wav_root", ROOT / "corpora/tiny_fsdd"]

@@ -15,6 +15,7 @@ computed on a silently shrunk test set.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from collections import Counter
@@ -22,13 +23,14 @@ from collections import Counter
 import torch
 from tqdm import tqdm
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.config import read_config
+from toolkit.dataset import DatasetConf, build_dataloader, build_dataset
+from toolkit.dataset.conf import BatchConf, FilterConf, TokenizeConf
 from toolkit.models.registry import init_model
+from toolkit.models.transformer.asr_model import DECODING_METHODS
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
-from toolkit.utils.config import apply_overrides, exit_on_config_error, load_config
-
-DECODE_MODES = ("ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring")
+from toolkit.utils.config import exit_on_config_error
 
 
 def get_args(argv=None) -> argparse.Namespace:
@@ -38,7 +40,7 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--test_data", required=True, help="data.list of the test set")
     parser.add_argument("--result_dir", required=True)
-    parser.add_argument("--modes", nargs="+", default=["attention_rescoring"], choices=DECODE_MODES)
+    parser.add_argument("--modes", nargs="+", default=["attention_rescoring"], choices=DECODING_METHODS)
     parser.add_argument("--beam_size", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--ctc_weight", type=float, default=0.5, help="CTC weight in attention rescoring")
@@ -47,19 +49,16 @@ def get_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_dataset_conf(dataset_conf: dict, batch_size: int) -> dict:
+def test_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
     """The training pipeline's features with decoding settings: nothing filtered out, static batches, original
     order."""
-    conf = {key: value for key, value in dataset_conf.items() if key not in ("filter_conf",)}
-    conf["batch_conf"] = {"batch_type": "static", "batch_size": batch_size}
-    conf["filter_conf"] = {"max_length": 1_000_000, "min_length": 0, "token_max_length": 1_000_000,
-                           "token_min_length": 0}
-    conf["shuffle"] = False
-    conf["sort"] = False
     # NOTE: a test transcript may hold characters the training dictionary lacks; the audio is still decoded and
-    # the scorer compares against the original text.
-    conf["tokenize_conf"] = {"max_unk_ratio": 1.0}
-    return conf
+    # the scorer compares against the original text (max_unk_ratio 1).
+    return dataclasses.replace(
+        conf, batch_conf=BatchConf(batch_type="static", batch_size=batch_size),
+        filter_conf=FilterConf(max_length=1e9, min_length=0, token_max_length=10**9, token_min_length=0,
+                               min_output_input_ratio=0.0, max_output_input_ratio=1e9),
+        shuffle=False, sort=False, tokenize_conf=TokenizeConf(max_unk_ratio=1.0))
 
 
 def main(argv=None) -> None:
@@ -67,13 +66,13 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    configs = apply_overrides(load_config(args.config), args.override_config)
+    config = read_config(args.config, args.override_config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = init_tokenizer(configs["tokenizer"], configs["tokenizer_conf"])
-    dataset = build_dataset(args.test_data, tokenizer, test_dataset_conf(configs["dataset_conf"], args.batch_size),
+    tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
+    dataset = build_dataset(args.test_data, tokenizer, test_dataset_conf(config.dataset_conf, args.batch_size),
                             mode="test")
-    loader = build_dataloader(dataset, configs["dataset_conf"])
-    model = init_model(configs)
+    loader = build_dataloader(dataset, config.dataset_conf.dataloader_conf)
+    model = init_model(config, config.input_dim, tokenizer.vocab_size())
     model.load_state_dict(load_checkpoint(args.checkpoint)[MODEL_KEY])
     model.to(device).eval()
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from toolkit.dataset.conf import DatasetConf, fill_dataset_defaults, resolve_dataset_conf
 from toolkit.dataset.pipeline import build_dataloader, build_dataset, count_utterances
 
-__all__ = ["build_dataloader", "build_dataset", "count_utterances", "init_dataset_and_dataloader"]
+__all__ = ["DatasetConf", "build_dataloader", "build_dataset", "count_utterances", "fill_dataset_defaults",
+           "init_dataset_and_dataloader", "resolve_dataset_conf"]
 
 
-def init_dataset_and_dataloader(train_data: str, cv_data: str, tokenizer, dataset_conf: dict, rank: int,
+def init_dataset_and_dataloader(train_data: str, cv_data: str, tokenizer, conf: DatasetConf, rank: int,
                                 world_size: int, seed: int):
     """Training and CV datasets of this rank with their loaders: ``(train_set, train_loader, cv_set, cv_loader)``.
 
@@ -15,7 +17,7 @@ def init_dataset_and_dataloader(train_data: str, cv_data: str, tokenizer, datase
     order and runs without SpecAugment or dither. Both are partitioned so that every utterance is read by exactly
     one rank and one loader worker.
     """
-    train_set = build_dataset(train_data, tokenizer, dataset_conf, mode="train", rank=rank, world_size=world_size,
-                              seed=seed)
-    cv_set = build_dataset(cv_data, tokenizer, dataset_conf, mode="cv", rank=rank, world_size=world_size, seed=seed)
-    return train_set, build_dataloader(train_set, dataset_conf), cv_set, build_dataloader(cv_set, dataset_conf)
+    train_set = build_dataset(train_data, tokenizer, conf, mode="train", rank=rank, world_size=world_size, seed=seed)
+    cv_set = build_dataset(cv_data, tokenizer, conf, mode="cv", rank=rank, world_size=world_size, seed=seed)
+    return (train_set, build_dataloader(train_set, conf.dataloader_conf), cv_set,
+            build_dataloader(cv_set, conf.dataloader_conf))

@@ -24,85 +24,25 @@ then skip B=0 batches. Skip reasons: ``bad_line``, ``missing_audio``, ``unreadab
 
 The model is called as ``model(feats, feats_lengths, target, target_lengths)``.
 """
-import copy
+import dataclasses
 import functools
 import logging
 import random
 from collections import Counter
-from typing import Iterator, List, Optional
+from typing import Iterator, List
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from toolkit.dataset import processor, shard
-from toolkit.utils.config import ConfigError
+from toolkit.dataset.conf import DataLoaderConf, DatasetConf
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_DATASET_CONF = {
-    "data_type": "raw",
-    "filter_conf": {"max_length": 2000, "min_length": 10, "token_max_length": 200, "token_min_length": 1,
-                    "min_output_input_ratio": 0.0005, "max_output_input_ratio": 1.0},
-    "resample_conf": {"resample_rate": 16000},
-    "tokenize_conf": {"max_unk_ratio": 0.0},
-    "speed_perturb": False,
-    "volume_perturb": False,
-    "volume_perturb_conf": {"min_gain_db": -30.0, "max_gain_db": 6.0},
-    "fbank_conf": {"num_mel_bins": 80, "frame_shift": 10, "frame_length": 25, "dither": 1.0},
-    "spec_aug": True,
-    "spec_aug_conf": {"num_t_mask": 2, "num_f_mask": 2, "max_t": 50, "max_f": 10},
-    "shuffle": True,
-    "shuffle_conf": {"shuffle_size": 1500},
-    "sort": True,
-    "sort_conf": {"sort_size": 500},
-    "batch_conf": {"batch_type": "static", "batch_size": 16, "max_frames_in_batch": 12000,
-                   "bucket_boundaries": [500, 1000], "bucket_batch_sizes": [32, 16, 8]},
-    "dataloader_conf": {"num_workers": 1, "prefetch_factor": 4, "pin_memory": False, "persistent_workers": False},
-}
 MODES = ("train", "cv", "test")
-BATCH_TYPES = ("static", "dynamic", "bucket")
-DATA_TYPES = ("raw", "shard")
 
 
-def resolve_dataset_conf(dataset_conf: Optional[dict]) -> dict:
-    """Fill ``dataset_conf`` (may be None or partial) with :data:`DEFAULT_DATASET_CONF`; returns a new dict.
-
-    Raises:
-        ConfigError: (a ValueError) an unknown key at the top level or inside a ``*_conf`` section (the message
-            names it and lists the valid keys), ``data_type`` not in ``raw|shard``, ``batch_conf.batch_type`` not in
-            ``static|dynamic|bucket``, bucket sizes that do not match the boundaries, or a batch size, frame budget,
-            SpecAugment width below 1 or a negative ``num_workers``.
-    """
-    conf = copy.deepcopy(DEFAULT_DATASET_CONF)
-    for key, value in (dataset_conf or {}).items():
-        if key not in conf:
-            raise ConfigError(f"unknown dataset_conf key {key!r}; valid keys: {sorted(conf)}")
-        if isinstance(conf[key], dict):
-            for sub_key in value:
-                if sub_key not in conf[key]:
-                    raise ConfigError(f"unknown dataset_conf.{key} key {sub_key!r}; valid keys: {sorted(conf[key])}")
-            conf[key].update(value)
-        else:
-            conf[key] = value
-    batch_type = conf["batch_conf"]["batch_type"]
-    if batch_type not in BATCH_TYPES:
-        raise ConfigError(f"batch_conf.batch_type must be one of {BATCH_TYPES}, got {batch_type!r}")
-    if conf["data_type"] not in DATA_TYPES:
-        raise ConfigError(f"data_type must be one of {DATA_TYPES}, got {conf['data_type']!r}")
-    boundaries, sizes = conf["batch_conf"]["bucket_boundaries"], conf["batch_conf"]["bucket_batch_sizes"]
-    if batch_type == "bucket" and len(sizes) != len(boundaries) + 1:
-        raise ConfigError(f"batch_conf.bucket_batch_sizes needs len(bucket_boundaries) + 1 = {len(boundaries) + 1} "
-                          f"entries, got {sizes}")
-    minimums = [("batch_conf", "batch_size", 1), ("batch_conf", "max_frames_in_batch", 1),
-                ("dataloader_conf", "num_workers", 0), ("spec_aug_conf", "max_t", 1), ("spec_aug_conf", "max_f", 1)]
-    for section, key, least in minimums:
-        value = conf[section][key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(f"dataset_conf.{section}.{key} must be an integer >= {least}, got {value!r}")
-    return conf
-
-
-def _build_pipeline(lines: List[str], tokenizer, conf: dict, mode: str, rng: random.Random) -> Iterator[dict]:
+def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, rng: random.Random) -> Iterator[dict]:
     """Chain every step over this worker's lines, reading ``conf`` top to bottom."""
     train = mode == "train"
     num_skipped: Counter = Counter()
@@ -110,36 +50,39 @@ def _build_pipeline(lines: List[str], tokenizer, conf: dict, mode: str, rng: ran
     def per_sample(stream, fn, **kwargs):
         return processor.map_skipping(stream, functools.partial(fn, **kwargs), num_skipped)
 
-    if conf["data_type"] == "raw":
+    def args(section) -> dict:
+        return dataclasses.asdict(section)
+
+    if conf.data_type == "raw":
         samples = per_sample(({"line": line} for line in lines), processor.parse_raw)
     else:
         samples = shard.read_shards(lines, num_skipped)
-    if train and conf["shuffle"]:
+    if train and conf.shuffle:
         # Shuffling before audio is decoded keeps the buffer at a few bytes (raw) or the encoded audio (shard)
         # per sample instead of a waveform.
-        samples = processor.shuffle(samples, rng, **conf["shuffle_conf"])
+        samples = processor.shuffle(samples, rng, **args(conf.shuffle_conf))
     samples = per_sample(samples, processor.read_audio)
-    samples = per_sample(samples, processor.resample, **conf["resample_conf"])
-    if train and conf["speed_perturb"]:
-        samples = per_sample(samples, processor.speed_perturb, rng=rng)
-    if train and conf["volume_perturb"]:
-        samples = per_sample(samples, processor.volume_perturb, rng=rng, **conf["volume_perturb_conf"])
-    samples = per_sample(samples, processor.tokenize, tokenizer=tokenizer, **conf["tokenize_conf"])
-    samples = per_sample(samples, processor.filter_sample, **conf["filter_conf"])
-    fbank_conf = dict(conf["fbank_conf"], dither=conf["fbank_conf"]["dither"] if train else 0.0)
-    samples = per_sample(samples, processor.compute_fbank, rng=rng, **fbank_conf)
-    if train and conf["spec_aug"]:
-        samples = per_sample(samples, processor.spec_aug, rng=rng, **conf["spec_aug_conf"])
-    if conf["sort"]:
-        samples = processor.sort(samples, **conf["sort_conf"])
-    batch_conf = conf["batch_conf"]
-    if batch_conf["batch_type"] == "static":
-        batches = processor.static_batch(samples, batch_conf["batch_size"])
-    elif batch_conf["batch_type"] == "dynamic":
-        batches = processor.dynamic_batch(samples, batch_conf["max_frames_in_batch"])
+    samples = per_sample(samples, processor.resample, **args(conf.resample_conf))
+    if train and conf.speed_perturb:
+        samples = per_sample(samples, processor.speed_perturb, rng=rng, **args(conf.speed_perturb_conf))
+    if train and conf.volume_perturb:
+        samples = per_sample(samples, processor.volume_perturb, rng=rng, **args(conf.volume_perturb_conf))
+    samples = per_sample(samples, processor.tokenize, tokenizer=tokenizer, **args(conf.tokenize_conf))
+    fbank = conf.fbank_conf if train else dataclasses.replace(conf.fbank_conf, dither=0.0)
+    samples = per_sample(samples, processor.filter_sample, frame_shift=fbank.frame_shift, **args(conf.filter_conf))
+    samples = per_sample(samples, processor.compute_fbank, rng=rng, **args(fbank))
+    if train and conf.spec_aug:
+        samples = per_sample(samples, processor.spec_aug, rng=rng, **args(conf.spec_aug_conf))
+    if conf.sort:
+        samples = processor.sort(samples, **args(conf.sort_conf))
+    batch = conf.batch_conf
+    if batch.batch_type == "static":
+        batches = processor.static_batch(samples, batch.batch_size)
+    elif batch.batch_type == "dynamic":
+        batches = processor.dynamic_batch(samples, batch.max_frames_in_batch)
     else:
-        batches = processor.bucket_batch(samples, batch_conf["bucket_boundaries"], batch_conf["bucket_batch_sizes"])
-    return processor.padding(batches, num_skipped, fbank_conf["num_mel_bins"])
+        batches = processor.bucket_batch(samples, batch.bucket_boundaries, batch.bucket_batch_sizes)
+    return processor.padding(batches, num_skipped, fbank.num_mel_bins)
 
 
 class AsrDataset(IterableDataset):
@@ -155,7 +98,8 @@ class AsrDataset(IterableDataset):
     since, so persistent DataLoader workers (whose copy never sees ``set_epoch``) still reshuffle each epoch.
     """
 
-    def __init__(self, lines: List[str], tokenizer, conf: dict, mode: str, rank: int, world_size: int, seed: int):
+    def __init__(self, lines: List[str], tokenizer, conf: DatasetConf, mode: str, rank: int, world_size: int,
+                 seed: int):
         super().__init__()
         self.lines = lines
         self.tokenizer = tokenizer
@@ -180,12 +124,12 @@ class AsrDataset(IterableDataset):
         global_worker = self.rank * num_workers + worker_id
         total_workers = self.world_size * num_workers
         order = list(range(len(self.lines)))
-        if self.mode == "train" and self.conf["shuffle"]:
+        if self.mode == "train" and self.conf.shuffle:
             random.Random(self.seed + epoch).shuffle(order)
         mine = [self.lines[i] for pos, i in enumerate(order) if pos % total_workers == global_worker]
         if not mine:
             logger.warning("rank %d worker %d has no %s lines this epoch: %d lines for %d workers", self.rank,
-                           worker_id, self.conf["data_type"], len(self.lines), total_workers)
+                           worker_id, self.conf.data_type, len(self.lines), total_workers)
         rng = random.Random(f"{self.seed}:{epoch}:{global_worker}")
         return _build_pipeline(mine, self.tokenizer, self.conf, self.mode, rng)
 
@@ -198,75 +142,67 @@ def lines_per_rank(num_lines: int, world_size: int, num_workers: int) -> List[in
     return [sum(per_worker[r * max(1, num_workers):(r + 1) * max(1, num_workers)]) for r in range(world_size)]
 
 
-def _log_partition(data_list_file: str, num_lines: int, conf: dict, rank: int, world_size: int) -> None:
-    num_workers = conf["dataloader_conf"]["num_workers"]
+def _log_partition(data_list_file: str, num_lines: int, conf: DatasetConf, rank: int, world_size: int) -> None:
+    num_workers = conf.dataloader_conf.num_workers
     counts = lines_per_rank(num_lines, world_size, num_workers)
-    unit = "shards" if conf["data_type"] == "shard" else "lines"
+    unit = "shards" if conf.data_type == "shard" else "lines"
     if len(set(counts)) > 1 and rank == 0:
         # NOTE: uneven shard counts mean uneven batch counts; the trainer's join absorbs them, this says why.
         logger.info("%s: %d %s do not divide evenly over %d ranks x %d workers; %s per rank: %s", data_list_file,
                     num_lines, unit, world_size, max(1, num_workers), unit, counts)
 
 
-def count_utterances(data_list_file: str, dataset_conf: Optional[dict]) -> int:
+def count_utterances(data_list_file: str, data_type: str) -> int:
     """Utterances listed by a data.list: its non-empty lines for ``raw``, the transcripts in its shards (header
     scan, see :func:`toolkit.dataset.shard.count_shard_utterances`) for ``shard``. Before filtering.
 
     Raises:
-        OSError: ``data_list_file`` cannot be read. ValueError: bad ``dataset_conf``.
+        OSError: ``data_list_file`` cannot be read.
     """
-    data_type = resolve_dataset_conf(dataset_conf)["data_type"]
     with open(data_list_file, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
     return len(lines) if data_type == "raw" else sum(shard.count_shard_utterances(line) for line in lines)
 
 
-def build_dataset(data_list_file: str, tokenizer, dataset_conf: Optional[dict], *, mode: str = "train",
-                  rank: int = 0, world_size: int = 1, seed: int = 777) -> AsrDataset:
+def build_dataset(data_list_file: str, tokenizer, conf: DatasetConf, *, mode: str = "train", rank: int = 0,
+                  world_size: int = 1, seed: int = 777) -> AsrDataset:
     """Build the dataset of one rank from a data.list file (JSON lines ``{"key", "wav", "txt"}``).
 
     Args:
         data_list_file: written by ``tools/make_raw_list.py``; relative wav paths resolve against the cwd.
         tokenizer: a ``toolkit.text.tokenizer`` tokenizer.
-        dataset_conf: see :data:`DEFAULT_DATASET_CONF`; missing keys take the defaults.
+        conf: the resolved ``dataset_conf`` (:func:`toolkit.dataset.conf.resolve_dataset_conf`).
         mode: ``"train"``, or ``"cv"``/``"test"`` (no shuffle, speed perturbation, SpecAugment; dither 0).
         rank, world_size: this process's place among the distributed ranks.
         seed: base seed; the pass of epoch ``e`` shuffles lines with ``seed + e``.
 
     Raises:
-        ValueError: bad ``mode``, ``rank``/``world_size``, or ``dataset_conf`` key (see
-            :func:`resolve_dataset_conf`).
+        ValueError: bad ``mode`` or ``rank``/``world_size``.
         OSError: ``data_list_file`` cannot be read.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
-    conf = resolve_dataset_conf(dataset_conf)
     with open(data_list_file, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
     _log_partition(data_list_file, len(lines), conf, rank, world_size)
     return AsrDataset(lines, tokenizer, conf, mode, rank, world_size, seed)
 
 
-def build_dataloader(dataset: AsrDataset, dataset_conf: Optional[dict]) -> DataLoader:
+def build_dataloader(dataset: AsrDataset, conf: DataLoaderConf) -> DataLoader:
     """Wrap ``dataset`` in a DataLoader (``batch_size=None``: the dataset already yields batches).
 
-    ``dataset_conf.dataloader_conf`` sets num_workers, prefetch_factor, pin_memory and persistent_workers
-    (defaults 1, 4, false, false); the last two worker-only options are dropped when num_workers is 0.
+    ``conf`` (``dataset_conf.dataloader_conf``) sets num_workers, prefetch_factor, pin_memory and
+    persistent_workers; the worker-only options are dropped when num_workers is 0.
 
     The loader gets its own ``torch.Generator`` seeded with ``dataset.seed`` (reseed it per epoch through
     ``loader.generator``). NOTE: without one, every ``iter(loader)`` draws the workers' base seed from the global
     torch RNG, so where dropout's random stream stands would depend on how many loaders were iterated (an exact
     resume would diverge).
-
-    Raises:
-        ValueError: unknown ``dataset_conf`` key.
     """
-    loader_conf = resolve_dataset_conf(dataset_conf)["dataloader_conf"]
-    kwargs = {"batch_size": None, "num_workers": loader_conf["num_workers"], "pin_memory": loader_conf["pin_memory"],
+    kwargs = {"batch_size": None, "num_workers": conf.num_workers, "pin_memory": conf.pin_memory,
               "generator": torch.Generator().manual_seed(dataset.seed)}
-    if loader_conf["num_workers"] > 0:
-        kwargs.update(prefetch_factor=loader_conf["prefetch_factor"],
-                      persistent_workers=loader_conf["persistent_workers"])
+    if conf.num_workers > 0:
+        kwargs.update(prefetch_factor=conf.prefetch_factor, persistent_workers=conf.persistent_workers)
     return DataLoader(dataset, **kwargs)

@@ -133,7 +133,7 @@ def _resample_poly(waveform: np.ndarray, up: int, down: int) -> np.ndarray:
     return resample_poly(waveform, up, down, window=_lowpass(up, down)).astype(np.float32)
 
 
-def resample(sample: dict, resample_rate: int = 16000) -> dict:
+def resample(sample: dict, resample_rate: int) -> dict:
     """Polyphase resampling (scipy ``resample_poly``) to ``resample_rate`` when the rate differs.
 
     Reads ``waveform``, ``sample_rate``; writes ``waveform`` (float32 ``(N * resample_rate / sample_rate,)``)
@@ -145,7 +145,7 @@ def resample(sample: dict, resample_rate: int = 16000) -> dict:
     return dict(sample, waveform=waveform, sample_rate=resample_rate)
 
 
-def speed_perturb(sample: dict, rng: random.Random, speeds=(0.9, 1.0, 1.1)) -> dict:
+def speed_perturb(sample: dict, rng: random.Random, speeds: List[float]) -> dict:
     """Speed perturbation (Ko et al., Interspeech 2015): change tempo and pitch by a random factor.
 
     Reads ``waveform``, ``sample_rate``; writes ``waveform`` (float32, about ``N / speed`` samples). Done by
@@ -158,7 +158,7 @@ def speed_perturb(sample: dict, rng: random.Random, speeds=(0.9, 1.0, 1.1)) -> d
     return dict(sample, waveform=waveform)
 
 
-def volume_perturb(sample: dict, rng: random.Random, min_gain_db: float = -30.0, max_gain_db: float = 6.0) -> dict:
+def volume_perturb(sample: dict, rng: random.Random, min_gain_db: float, max_gain_db: float) -> dict:
     """Random gain, uniform in dB, clipped to [-1, 1] (Lhotse's and ESPnet's volume perturbation).
 
     NOTE: global CMVN does not remove level differences between recordings: the FSDD test speaker is recorded
@@ -170,7 +170,7 @@ def volume_perturb(sample: dict, rng: random.Random, min_gain_db: float = -30.0,
     return dict(sample, waveform=np.clip(sample["waveform"] * np.float32(gain), -1.0, 1.0))
 
 
-def tokenize(sample: dict, tokenizer, max_unk_ratio: float = 0.0) -> dict:
+def tokenize(sample: dict, tokenizer, max_unk_ratio: float) -> dict:
     """Tokenize the transcript; units missing from the symbol table become ``<unk>`` (id 1).
 
     ``max_unk_ratio`` is the largest allowed fraction of ``<unk>`` among the units other than the word
@@ -195,19 +195,18 @@ def tokenize(sample: dict, tokenizer, max_unk_ratio: float = 0.0) -> dict:
     return dict(sample, tokens=tokens, label=label)
 
 
-def filter_sample(sample: dict, max_length: float = 2000, min_length: float = 10, token_max_length: int = 200,
-                  token_min_length: int = 1, min_output_input_ratio: float = 0.0005,
-                  max_output_input_ratio: float = 1.0) -> dict:
+def filter_sample(sample: dict, frame_shift: float, max_length: float, min_length: float, token_max_length: int,
+                  token_min_length: int, min_output_input_ratio: float, max_output_input_ratio: float) -> dict:
     """Drop samples whose length or label/frame ratio is out of range.
 
-    Lengths are in 10 ms frames (``num_samples / sample_rate * 100``); the ratio is
+    Lengths are in frames of ``frame_shift`` ms (``num_samples / sample_rate * 1000 / frame_shift``); the ratio is
     ``len(label) / frames``. Reads ``waveform``, ``sample_rate``, ``label``; writes nothing.
 
     Raises:
         SkipSample: ``too_short``, ``too_long``, ``too_few_tokens``, ``too_many_tokens``,
             ``ratio_too_small`` or ``ratio_too_large``.
     """
-    frames = sample["waveform"].shape[0] / sample["sample_rate"] * 100
+    frames = sample["waveform"].shape[0] / sample["sample_rate"] * 1000.0 / frame_shift
     num_tokens = len(sample["label"])
     checks = [
         ("too_short", frames < min_length, f"{frames:.0f} frames < min_length {min_length}"),
@@ -235,8 +234,8 @@ def _fbank_extractor(sample_rate: int, num_mel_bins: int, frame_length: float, f
                                  frame_shift=frame_shift / 1000, snip_edges=True, high_freq=0.0, dither=0.0))
 
 
-def compute_fbank(sample: dict, num_mel_bins: int = 80, frame_length: float = 25, frame_shift: float = 10,
-                  dither: float = 0.0, rng: Optional[random.Random] = None) -> dict:
+def compute_fbank(sample: dict, num_mel_bins: int, frame_length: float, frame_shift: float, dither: float,
+                  rng: Optional[random.Random] = None) -> dict:
     """Kaldi-compatible log mel filterbank: Kaldi's ``compute-fbank-feats`` defaults (povey window, pre-emphasis
     0.97, DC removal, power spectrum, mel bins from 20 Hz to Nyquist, snip_edges=true) on the 16-bit sample scale,
     computed by Lhotse's Kaldi feature extractor (``lhotse.features.kaldi``; it matches kaldi-native-fbank to a
@@ -268,8 +267,7 @@ def compute_fbank(sample: dict, num_mel_bins: int = 80, frame_length: float = 25
     return out
 
 
-def spec_aug(sample: dict, rng: random.Random, num_t_mask: int = 2, num_f_mask: int = 2, max_t: int = 50,
-             max_f: int = 10) -> dict:
+def spec_aug(sample: dict, rng: random.Random, num_t_mask: int, num_f_mask: int, max_t: int, max_f: int) -> dict:
     """SpecAugment time and frequency masking (Park et al., Interspeech 2019), without time warping.
 
     Each mask zeroes a band of ``randint(1, max_t)`` frames (or ``randint(1, max_f)`` bins) starting at a
@@ -300,7 +298,7 @@ def map_skipping(samples: Iterable[dict], fn: Callable[[dict], dict], num_skippe
             num_skipped[skip.reason] += 1
 
 
-def shuffle(samples: Iterable[dict], rng: random.Random, shuffle_size: int = 1500) -> Iterator[dict]:
+def shuffle(samples: Iterable[dict], rng: random.Random, shuffle_size: int) -> Iterator[dict]:
     """Stream step: shuffle within consecutive buffers of ``shuffle_size`` samples."""
     buffer: List[dict] = []
     for sample in samples:
@@ -313,7 +311,7 @@ def shuffle(samples: Iterable[dict], rng: random.Random, shuffle_size: int = 150
     yield from buffer
 
 
-def sort(samples: Iterable[dict], sort_size: int = 500) -> Iterator[dict]:
+def sort(samples: Iterable[dict], sort_size: int) -> Iterator[dict]:
     """Stream step: sort by number of frames (``feat.size(0)``) within buffers of ``sort_size`` samples,
     so that batches hold similar lengths and waste less padding."""
     buffer: List[dict] = []
@@ -325,7 +323,7 @@ def sort(samples: Iterable[dict], sort_size: int = 500) -> Iterator[dict]:
     yield from sorted(buffer, key=lambda s: s["feat"].size(0))
 
 
-def static_batch(samples: Iterable[dict], batch_size: int = 16) -> Iterator[List[dict]]:
+def static_batch(samples: Iterable[dict], batch_size: int) -> Iterator[List[dict]]:
     """Stream step: groups of ``batch_size`` samples (the last one may be smaller)."""
     buffer: List[dict] = []
     for sample in samples:
@@ -337,7 +335,7 @@ def static_batch(samples: Iterable[dict], batch_size: int = 16) -> Iterator[List
         yield buffer
 
 
-def dynamic_batch(samples: Iterable[dict], max_frames_in_batch: int = 12000) -> Iterator[List[dict]]:
+def dynamic_batch(samples: Iterable[dict], max_frames_in_batch: int) -> Iterator[List[dict]]:
     """Stream step: groups whose padded size ``B * max(T)`` stays within ``max_frames_in_batch``.
 
     A single sample longer than ``max_frames_in_batch`` forms a batch of its own.

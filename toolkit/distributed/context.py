@@ -28,6 +28,8 @@ class DistContext:
         local_world_size: processes on this node.
         backend: ``"nccl"`` on GPU, ``"gloo"`` on CPU.
         device: the device this rank computes on.
+        pg_timeout: the process-group timeout: a collective waiting longer fails instead of hanging; groups made
+            later (the join's) must be given it, since ``new_group`` would default to torch's 30 minutes.
     """
 
     rank: int = 0
@@ -36,6 +38,7 @@ class DistContext:
     local_world_size: int = 1
     backend: str = "gloo"
     device: torch.device = torch.device("cpu")
+    pg_timeout: datetime.timedelta = datetime.timedelta(minutes=30)
 
     @property
     def is_main(self) -> bool:
@@ -86,8 +89,14 @@ def init_distributed(timeout_s: float = 1800.0) -> DistContext:
         if "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
         else:
+            # NOTE: libraries that read the launcher's variables themselves (DeepSpeed asserts LOCAL_RANK) see the
+            # one-process job a launcher would describe.
+            for name in ("RANK", "LOCAL_RANK"):
+                os.environ.setdefault(name, "0")
+            for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+                os.environ.setdefault(name, "1")
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    ctx = DistContext(rank, world_size, local_rank, local_world_size, backend, device)
+    ctx = DistContext(rank, world_size, local_rank, local_world_size, backend, device, timeout)
     global _CURRENT
     _CURRENT = ctx
     logging.info("rank %d/%d (local %d/%d) on %s, backend %s", rank, world_size, local_rank, local_world_size,

@@ -45,8 +45,10 @@ from typing import Callable, Iterable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import check_collective
-from toolkit.utils.config import JOIN_MODE_CHOICES
+
+JOIN_MODES = ("flag", "monitored_barrier")
 
 # gloo's monitored_barrier on rank 0 with wait_all_ranks=True: "[Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier
 # in 3000 ms"; other ranks only learn that rank 0 did not answer.
@@ -60,12 +62,6 @@ class JoinReport:
     steps: int = 0  # batches yielded (the same on every rank)
     dropped: int = 0  # batches this rank still held when another rank ran out
     missing_ranks: str = ""  # monitored_barrier: ranks that did not reach the barrier ("unknown"; "" = no timeout)
-
-
-def _default_group_timeout() -> datetime.timedelta:
-    """The process-group timeout the default group was created with (``init_distributed(timeout_s)``)."""
-    device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
-    return dist.distributed_c10d._get_default_group()._get_backend(device).options._timeout
 
 
 def _ignore(batch: dict) -> None:
@@ -106,13 +102,14 @@ class FlagJoin(_Join):
 
     Create it once per training run on every rank (``new_group`` is itself collective). ``is_empty(batch)`` marks
     batches that carry no utterances (only bookkeeping); they are passed to ``on_empty`` and never count as a step.
+    ``pg_timeout`` is the process-group timeout (``DistContext.pg_timeout``), which the join's group inherits.
     """
 
-    def __init__(self, is_empty: Callable[[dict], bool] = lambda batch: False):
+    def __init__(self, pg_timeout: datetime.timedelta, is_empty: Callable[[dict], bool] = lambda batch: False):
         super().__init__(is_empty)
         # NOTE: new_group's default timeout is torch's 30 min, not the default group's: a rank stuck in its data
         # loader would then hang the others for 30 min whatever init_distributed(timeout_s) said.
-        self.group = dist.new_group(backend="gloo", timeout=_default_group_timeout())
+        self.group = dist.new_group(backend="gloo", timeout=pg_timeout)
 
     def iterate(self, loader: Iterable, on_empty: Callable[[dict], None] = _ignore,
                 on_dropped: Callable[[dict], None] = _ignore) -> Iterator[dict]:
@@ -157,16 +154,18 @@ class MonitoredBarrierJoin(_Join):
     must call :meth:`iterate` once per epoch (it creates the epoch's gloo group, a collective).
     """
 
-    def __init__(self, is_empty: Callable[[dict], bool] = lambda batch: False, timeout_s: float = 30.0):
+    def __init__(self, pg_timeout: datetime.timedelta, is_empty: Callable[[dict], bool] = lambda batch: False,
+                 timeout_s: float = 30.0):
         """Raises:
             ValueError: ``timeout_s`` is not below the process-group timeout (the rank that ran out first would
                 time out in its next collective before the others give up on the barrier).
         """
         super().__init__(is_empty)
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        if self.timeout >= _default_group_timeout():
+        self.pg_timeout = pg_timeout
+        if self.timeout >= pg_timeout:
             raise ValueError(f"join_timeout_s ({timeout_s} s) must be below the process-group timeout "
-                             f"({_default_group_timeout().total_seconds()} s)")
+                             f"({pg_timeout.total_seconds()} s)")
 
     def _barrier(self, group) -> bool:
         """True when every rank reached the barrier in time; a timeout is logged as a join."""
@@ -192,7 +191,7 @@ class MonitoredBarrierJoin(_Join):
         check_collective("join")
         self.report = JoinReport()
         # NOTE: a fresh group per epoch: a gloo group that timed out once fails every later barrier instantly.
-        group = dist.new_group(backend="gloo", timeout=_default_group_timeout())
+        group = dist.new_group(backend="gloo", timeout=self.pg_timeout)
         try:
             it = iter(loader)
             batch = self._next_real(it, on_empty)
@@ -214,21 +213,22 @@ class MonitoredBarrierJoin(_Join):
         """Nothing to release: each epoch's group is destroyed at the end of :meth:`iterate`."""
 
 
-def init_join(train_conf: dict,
+def init_join(ctx: DistContext, join_mode: str, join_timeout_s: float,
               is_empty: Callable[[dict], bool] = lambda batch: False) -> FlagJoin | MonitoredBarrierJoin:
-    """Build the join chosen by ``train_conf["join_mode"]`` (a collective: every rank calls it).
+    """Build the join of ``join_mode`` (``train_conf.join_mode``; a collective: every rank calls it).
 
     Args:
-        train_conf: resolved ``train_conf`` (``join_mode``, ``join_timeout_s`` in seconds).
+        ctx: the rank context (its ``pg_timeout`` bounds the join's own group).
+        join_mode: one of :data:`JOIN_MODES`.
+        join_timeout_s: seconds a ``monitored_barrier`` waits for the other ranks.
         is_empty: marks batches that carry no utterances (never a step).
 
     Raises:
-        ValueError: ``join_mode`` is not one of ``JOIN_MODE_CHOICES``, or ``join_timeout_s`` is not below the
+        ValueError: ``join_mode`` is not one of :data:`JOIN_MODES`, or ``join_timeout_s`` is not below the
             process-group timeout.
     """
-    mode = train_conf["join_mode"]
-    if mode == "flag":
-        return FlagJoin(is_empty)
-    if mode == "monitored_barrier":
-        return MonitoredBarrierJoin(is_empty, float(train_conf["join_timeout_s"]))
-    raise ValueError(f"join_mode {mode!r} is not one of {list(JOIN_MODE_CHOICES)}")
+    if join_mode == "flag":
+        return FlagJoin(ctx.pg_timeout, is_empty)
+    if join_mode == "monitored_barrier":
+        return MonitoredBarrierJoin(ctx.pg_timeout, is_empty, float(join_timeout_s))
+    raise ValueError(f"join_mode {join_mode!r} is not one of {list(JOIN_MODES)}")

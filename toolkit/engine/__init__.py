@@ -6,6 +6,7 @@ from toolkit.distributed.context import DistContext
 from toolkit.engine.base import Engine
 from toolkit.engine.deepspeed import DeepSpeedEngine, check_deepspeed_config, load_deepspeed_config
 from toolkit.engine.torch_ddp import TorchDDPEngine
+from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.config import ConfigError
 
 ENGINE_CHOICES = ("torch_ddp", "deepspeed")
@@ -13,15 +14,15 @@ ENGINE_CHOICES = ("torch_ddp", "deepspeed")
 __all__ = ["ENGINE_CHOICES", "Engine", "init_engine"]
 
 
-def init_engine(train_engine: str, ctx: DistContext, train_conf: dict, find_unused_parameters: bool,
-                deepspeed_config: str | None = None, batch_conf: dict | None = None,
+def init_engine(train_engine: str, ctx: DistContext, train_conf: TrainConf, find_unused_parameters: bool,
+                deepspeed_config: str | None = None, micro_batch_size: int | None = None,
                 keep_shards: bool = True) -> Engine:
     """Create the engine named by ``--train_engine``.
 
     Args:
         deepspeed_config: path of the DeepSpeed JSON (``deepspeed`` only; required there).
-        batch_conf: the resolved ``dataset_conf.batch_conf`` (``deepspeed``; required there), checked against the
-            JSON's micro batch size.
+        micro_batch_size: ``dataset_conf.batch_conf.batch_size`` with static batches, None with dynamic or bucket
+            batches (``deepspeed``: checked against the JSON's micro batch size).
         keep_shards: ``deepspeed``: keep the ZeRO shard directory of each checkpoint (see DeepSpeedEngine).
 
     Raises:
@@ -35,9 +36,7 @@ def init_engine(train_engine: str, ctx: DistContext, train_conf: dict, find_unus
         raise ConfigError("--deepspeed_config goes with --train_engine deepspeed, and only with it "
                           f"(got --train_engine {train_engine}, --deepspeed_config {deepspeed_config})")
     if train_engine == "deepspeed":
-        if batch_conf is None:
-            raise ValueError("init_engine: the deepspeed engine needs batch_conf to check the micro batch size")
-        ds_config = check_deepspeed_config(load_deepspeed_config(deepspeed_config), train_conf, batch_conf,
+        ds_config = check_deepspeed_config(load_deepspeed_config(deepspeed_config), train_conf, micro_batch_size,
                                            deepspeed_config)
         return DeepSpeedEngine(ctx, train_conf, ds_config, keep_shards)
-    return TorchDDPEngine(ctx, train_conf["dtype"], train_conf["grad_clip"], find_unused_parameters)
+    return TorchDDPEngine(ctx, train_conf.dtype, train_conf.grad_clip, find_unused_parameters)

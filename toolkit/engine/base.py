@@ -14,8 +14,9 @@ from typing import Any, ContextManager
 import torch
 
 from toolkit.distributed.context import DistContext
-from toolkit.distributed.main_only import barrier, check_collective
+from toolkit.distributed.main_only import run_on_main
 from toolkit.utils.checkpoint import EXTRA_KEY, load_checkpoint, save_checkpoint
+from toolkit.utils.config import ConfigError
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -26,15 +27,15 @@ class Engine(abc.ABC):
     Args:
         ctx: the rank context.
         dtype: ``"fp32"``, ``"bf16"`` (autocast on CPU and GPU) or ``"fp16"`` (GPU only, with loss scaling).
-        grad_clip: max global L2 norm of the gradients; ``<= 0`` disables clipping (the norm is still reported).
+        grad_clip: max global L2 norm of the gradients; 0 disables clipping (the norm is still reported).
 
     Raises:
-        ValueError: ``fp16`` requested without a GPU (CPU autocast has no fp16 loss scaling).
+        ConfigError: ``fp16`` requested without a GPU (CPU autocast has no fp16 loss scaling).
     """
 
     def __init__(self, ctx: DistContext, dtype: str, grad_clip: float):
         if dtype == "fp16" and ctx.device.type != "cuda":
-            raise ValueError("train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU")
+            raise ConfigError("train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU")
         self.ctx = ctx
         self.dtype = dtype
         self.grad_clip = grad_clip
@@ -100,13 +101,13 @@ class Engine(abc.ABC):
         """Collective save: EVERY rank calls it. Global rank 0 writes ``path`` (``.pt``, with ``extra`` under
         ``EXTRA_KEY`` when given) and its ``.yaml`` atomically; a barrier ends it, so no rank runs ahead of a
         checkpoint that is not on disk yet."""
-        check_collective("save_model")
-        if self.ctx.is_main:
+        def write() -> None:
             state = self.state_dict()
             if extra is not None:
                 state[EXTRA_KEY] = extra
             save_checkpoint(path, state, info)
-        barrier("save_model")
+
+        run_on_main(write)
 
     def load(self, path: str) -> dict[str, Any]:
         """Resume from checkpoint ``path`` written by :meth:`save` (every rank calls it). Returns the ``extra``

@@ -23,11 +23,10 @@ import os
 import time
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
-
-from toolkit.distributed.main_only import barrier, check_collective
+from toolkit.distributed.collectives import broadcast_from_main, gather_objects
+from toolkit.distributed.main_only import check_collective, run_on_main
 from toolkit.engine.base import Engine
+from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import delete_checkpoint, list_checkpoints, load_info
 
 RETAINED_PREFIXES = ("step_", "epoch_")
@@ -63,19 +62,18 @@ class Checkpointer:
     Args:
         engine: a prepared engine (its ``save``/``load`` are collective).
         model_dir: where ``{tag}.pt`` + ``{tag}.yaml`` go.
-        train_conf: resolved ``train_conf`` (``save_interval_steps``, ``save_interval_minutes``, ``keep_last_n``,
-            ``keep_best_n``).
+        train_conf: ``save_interval_steps``, ``save_interval_minutes``, ``keep_last_n``, ``keep_best_n``.
         clock: seconds on a monotonic clock; only global rank 0's is ever read.
     """
 
-    def __init__(self, engine: Engine, model_dir: str, train_conf: dict,
+    def __init__(self, engine: Engine, model_dir: str, train_conf: TrainConf,
                  clock: Callable[[], float] = time.monotonic):
         self.engine = engine
         self.model_dir = model_dir
-        self.interval_steps = train_conf["save_interval_steps"]
-        self.interval_s = 60.0 * train_conf["save_interval_minutes"]
-        self.keep_last_n = train_conf["keep_last_n"]
-        self.keep_best_n = train_conf["keep_best_n"]
+        self.interval_steps = train_conf.save_interval_steps
+        self.interval_s = 60.0 * train_conf.save_interval_minutes
+        self.keep_last_n = train_conf.keep_last_n
+        self.keep_best_n = train_conf.keep_best_n
         self.clock = clock
         self._hooks: dict[str, tuple[Any, bool]] = {}
         self._last_save = clock() if engine.ctx.is_main else 0.0
@@ -98,12 +96,9 @@ class Checkpointer:
         due = self.interval_steps > 0 and step % self.interval_steps == 0
         if self.interval_s <= 0:
             return due
-        check_collective("Checkpointer.step_due")
         if self.engine.ctx.is_main:
             due = due or self.clock() - self._last_save >= self.interval_s
-        flag = torch.tensor([int(due)], dtype=torch.int32)
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
+        return broadcast_from_main(due, "Checkpointer.step_due")
 
     def save(self, tag: str, info: dict[str, Any]) -> str:
         """Collective: save the engine and every hook as ``{model_dir}/{tag}.pt`` (+ ``.yaml``), then apply
@@ -112,14 +107,11 @@ class Checkpointer:
         path = os.path.join(self.model_dir, f"{tag}.pt")
         extra = self._gather_hook_states()
         self.engine.save(path, info, extra)  # ends in a barrier: the commit marker is on disk for every rank
-        rank = self.engine.ctx.rank
         if self.engine.ctx.is_main:
             self._last_save = self.clock()
-            logging.info("checkpoint: rank %d wrote %s", rank, path)
+            logging.info("checkpoint: rank %d wrote %s", self.engine.ctx.rank, path)
         if self.keep_last_n > 0 and tag.startswith(RETAINED_PREFIXES):
-            if self.engine.ctx.is_main:
-                self._apply_retention(path)
-            barrier("Checkpointer.retention")  # no rank resumes training (or loads) while files are going
+            run_on_main(self._apply_retention, (path,))  # no rank trains (or loads) on while files are going
         return path
 
     def _gather_hook_states(self) -> dict[str, Any]:
@@ -128,9 +120,8 @@ class Checkpointer:
         mine = {name: obj.state_dict() for name, (obj, main_only) in self._hooks.items() if not main_only}
         per_rank: dict[str, list] = {}
         if mine:
-            gathered: list | None = [None] * ctx.world_size if ctx.is_main else None
-            dist.gather_object(mine, gathered, dst=0)
-            if ctx.is_main:
+            gathered = gather_objects(mine, "Checkpointer.save hooks")
+            if gathered is not None:
                 per_rank = {name: [states[name] for states in gathered] for name in mine}
         return {"main": main, "per_rank": per_rank, "world_size": ctx.world_size}
 
@@ -164,3 +155,9 @@ class Checkpointer:
             obj.load_state_dict(state)
             restored.append(name)
         return restored
+
+
+def save_model(checkpointer: Checkpointer, info: dict[str, Any]) -> str:
+    """Collective: save the training state as checkpoint ``info["tag"]`` (``init``, ``epoch_N``) with ``info`` as
+    its YAML. Returns the path written."""
+    return checkpointer.save(info["tag"], info)

@@ -31,6 +31,7 @@ as it must for decoding.
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib
 import json
 import logging
@@ -39,11 +40,12 @@ import shutil
 from typing import Any, ContextManager
 
 import torch
-import torch.distributed as dist
 
+from toolkit.distributed.collectives import all_gather_objects
 from toolkit.distributed.context import DistContext
-from toolkit.distributed.main_only import check_collective
+from toolkit.distributed.main_only import barrier, check_collective, run_on_main
 from toolkit.engine.base import Engine
+from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, load_extra_state,
                                       save_checkpoint)
 from toolkit.utils.config import ConfigError
@@ -67,11 +69,13 @@ def load_deepspeed_config(path: str) -> dict:
     return config
 
 
-def check_deepspeed_config(ds_config: dict, train_conf: dict, batch_conf: dict, path: str = "ds_config") -> dict:
+def check_deepspeed_config(ds_config: dict, train_conf: TrainConf, micro_batch_size: int | None,
+                           path: str = "ds_config") -> dict:
     """The one place where the DeepSpeed JSON meets the YAML: compare the values both have, fill the rest.
 
-    Pairs: ``train_micro_batch_size_per_gpu`` <-> ``dataset_conf.batch_conf.batch_size`` (static batches only;
-    with dynamic batches DeepSpeed uses it only for its throughput log and it defaults to 1),
+    Pairs: ``train_micro_batch_size_per_gpu`` <-> ``micro_batch_size``, the YAML's
+    ``dataset_conf.batch_conf.batch_size`` with static batches (None otherwise: with dynamic or bucket batches
+    DeepSpeed uses it only for its throughput log and it defaults to 1),
     ``gradient_accumulation_steps`` <-> ``train_conf.accum_grad``, ``gradient_clipping`` <-> ``train_conf.grad_clip``
     and ``bf16.enabled``/``fp16.enabled`` <-> ``train_conf.dtype``.
 
@@ -86,19 +90,18 @@ def check_deepspeed_config(ds_config: dict, train_conf: dict, batch_conf: dict, 
     conf = json.loads(json.dumps(ds_config))
     problems = [f"{path}: '{key}' is not allowed: the YAML's optim/scheduler are passed to DeepSpeed"
                 for key in ("optimizer", "scheduler") if key in conf]
-    if train_conf.get("join_mode") == "monitored_barrier" and train_conf["accum_grad"] > 1 and zero_stage(conf) > 0:
+    if train_conf.join_mode == "monitored_barrier" and train_conf.accum_grad > 1 and zero_stage(conf) > 0:
         # NOTE: that join cannot tell ranks which step is the epoch's last, so a cut-short accumulation would stay
         # in ZeRO's gradient partitions (which zero_grad does not clear) and leak into the next epoch's first step.
         problems.append(f"{path}: ZeRO stage {zero_stage(conf)} with train_conf.accum_grad "
-                        f"{train_conf['accum_grad']} needs train_conf.join_mode flag (monitored_barrier cannot end "
+                        f"{train_conf.accum_grad} needs train_conf.join_mode flag (monitored_barrier cannot end "
                         "an epoch on an accumulation boundary)")
     if "train_batch_size" in conf:
         problems.append(f"{path}: remove 'train_batch_size'; it is micro batch x accum_grad x world size")
-    pairs = [("gradient_accumulation_steps", train_conf["accum_grad"], "train_conf.accum_grad"),
-             ("gradient_clipping", max(float(train_conf["grad_clip"]), 0.0), "train_conf.grad_clip")]
-    if batch_conf.get("batch_type", "static") == "static":
-        pairs.append(("train_micro_batch_size_per_gpu", batch_conf["batch_size"],
-                      "dataset_conf.batch_conf.batch_size"))
+    pairs = [("gradient_accumulation_steps", train_conf.accum_grad, "train_conf.accum_grad"),
+             ("gradient_clipping", train_conf.grad_clip, "train_conf.grad_clip")]
+    if micro_batch_size is not None:
+        pairs.append(("train_micro_batch_size_per_gpu", micro_batch_size, "dataset_conf.batch_conf.batch_size"))
     else:
         conf.setdefault("train_micro_batch_size_per_gpu", 1)
     for key, yaml_value, yaml_name in pairs:
@@ -108,12 +111,12 @@ def check_deepspeed_config(ds_config: dict, train_conf: dict, batch_conf: dict, 
             problems.append(f"{path}: {key} = {conf[key]} but {yaml_name} = {yaml_value}")
     for dtype in ("bf16", "fp16"):
         section = conf.setdefault(dtype, {})
-        wanted = train_conf["dtype"] == dtype
+        wanted = train_conf.dtype == dtype
         if "enabled" not in section:
             section["enabled"] = wanted
         elif bool(section["enabled"]) != wanted:
             problems.append(f"{path}: {dtype}.enabled = {section['enabled']} but train_conf.dtype = "
-                            f"{train_conf['dtype']}")
+                            f"{train_conf.dtype}")
     if problems:
         raise ConfigError("DeepSpeed config disagrees with the training YAML:\n  " + "\n  ".join(problems))
     return conf
@@ -164,8 +167,8 @@ class DeepSpeedEngine(Engine):
             optimizer state); ``False`` deletes it (the ``.pt`` still decodes, averages and seeds a torch_ddp run).
     """
 
-    def __init__(self, ctx: DistContext, train_conf: dict, ds_config: dict, keep_shards: bool = True):
-        super().__init__(ctx, train_conf["dtype"], train_conf["grad_clip"])
+    def __init__(self, ctx: DistContext, train_conf: TrainConf, ds_config: dict, keep_shards: bool = True):
+        super().__init__(ctx, train_conf.dtype, train_conf.grad_clip)
         self.ds_config = ds_config
         self.stage = zero_stage(ds_config)
         self.keep_shards = keep_shards
@@ -257,8 +260,9 @@ class DeepSpeedEngine(Engine):
         check_collective("save_model")
         model_dir, tag = _split(path)
         self.model.save_checkpoint(model_dir, tag=tag, save_latest=self.keep_shards)
-        dist.barrier()  # every rank's shard is on disk before rank 0 reads them all
-        if self.ctx.is_main:
+        barrier("save_model shards")  # every rank's shard is on disk before rank 0 reads them all
+
+        def consolidate() -> None:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
             model_state = get_fp32_state_dict_from_zero_checkpoint(model_dir, tag)
@@ -268,7 +272,8 @@ class DeepSpeedEngine(Engine):
             save_checkpoint(path, state, info)
             if not self.keep_shards:
                 shutil.rmtree(os.path.join(model_dir, tag))
-        dist.barrier()
+
+        run_on_main(consolidate)
 
     def load(self, path: str) -> dict[str, Any]:
         """Resume model, optimizer and scheduler from the shards beside ``path`` (``{model_dir}/{tag}/``). Returns
@@ -277,14 +282,23 @@ class DeepSpeedEngine(Engine):
         Raises:
             FileNotFoundError: on EVERY rank, when any rank cannot see one of the ``world_size`` shard files (e.g.
                 node-local disks, or shards dropped); the message names each rank's missing files.
+            ConfigError: on every rank, when the shards were written by another number of ranks (ZeRO's optimizer
+                state is partitioned by rank, so it resumes on the same world size only).
         """
         check_collective("load_model")
         model_dir, tag = _split(path)
-        expected = expected_shard_files(model_dir, tag, self.ctx.world_size, self.stage, self.dtype == "bf16")
+        bf16 = self.dtype == "bf16"
+        expected = expected_shard_files(model_dir, tag, self.ctx.world_size, self.stage, bf16)
         missing = [f for f in expected if not os.path.exists(f)]
-        gathered: list = [None] * self.ctx.world_size
-        dist.all_gather_object(gathered, missing)
-        report = [f"rank {rank} cannot see: {', '.join(files)}" for rank, files in enumerate(gathered) if files]
+        saved = len(glob.glob(os.path.join(model_dir, tag, "*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+        # Decided on what every rank sees, so that all ranks raise together (none waits in a later collective).
+        gathered = all_gather_objects((missing, saved), "load_model")
+        saved = max(count for _, count in gathered)
+        if (self.stage > 0 or bf16) and saved not in (0, self.ctx.world_size):
+            raise ConfigError(f"cannot resume {path} with {self.ctx.world_size} ranks: its ZeRO optimizer state was "
+                              f"written by {saved} ranks and resumes on that many only; resume with {saved} ranks, "
+                              "or start the new world size from its weights with --train_engine torch_ddp")
+        report = [f"rank {rank} cannot see: {', '.join(files)}" for rank, (files, _) in enumerate(gathered) if files]
         if report:
             raise FileNotFoundError(f"cannot resume {path} with its optimizer state: " + "; ".join(report))
         load_path, _ = self.model.load_checkpoint(model_dir, tag=tag, load_optimizer_states=True,

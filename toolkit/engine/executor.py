@@ -12,21 +12,24 @@ import copy
 import dataclasses
 import logging
 import math
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import torch
-import torch.distributed as dist
 
+from toolkit.distributed.collectives import all_gather_objects, all_reduce_sum
 from toolkit.distributed.join import FlagJoin, MonitoredBarrierJoin
-from toolkit.distributed.main_only import check_collective
+from toolkit.distributed.main_only import main_process_only
 from toolkit.engine.base import Engine
 from toolkit.engine.checkpointer import Checkpointer
+from toolkit.engine.train_conf import TrainConf
+from toolkit.utils.checkpoint import load_info
 from toolkit.utils.config import ConfigError
+from toolkit.utils.rng import RngState
 
-FRAME_SHIFT_S = 0.01  # fbank frames are 10 ms apart
 MODEL_INPUT_KEYS = ("feats", "feats_lengths", "target", "target_lengths")
 
 
@@ -70,7 +73,9 @@ class EpochStats:
     def loss(self) -> float:
         return self.loss_sum / max(self.num_utts, 1)
 
-    def add(self, batch: dict, loss: float | None) -> None:
+    def add(self, batch: dict, loss: float | None, frame_shift_s: float = 0.0) -> None:
+        """Count ``batch`` (its skip counts always; its utterances when ``loss`` is given), its audio as
+        ``feats_lengths`` frames of ``frame_shift_s`` seconds."""
         self.skipped.update(batch.get("num_skipped", {}))
         num_utts = len(batch["keys"])
         if loss is None or num_utts == 0:
@@ -78,7 +83,7 @@ class EpochStats:
         self.num_batches += 1
         self.num_utts += num_utts
         self.loss_sum += loss * num_utts
-        self.audio_s += float(batch["feats_lengths"].sum()) * FRAME_SHIFT_S
+        self.audio_s += float(batch["feats_lengths"].sum()) * frame_shift_s
 
     def add_dropped(self, batch: dict) -> None:
         """A batch the join dropped: its utterances count as dropped, its skip counts still count as skipped."""
@@ -87,14 +92,11 @@ class EpochStats:
 
     def reduce(self) -> "EpochStats":
         """All ranks: sum the statistics over the job (a collective; never call it inside a join block)."""
-        check_collective("EpochStats.reduce")
-        sums = torch.tensor([self.num_batches, self.num_utts, self.loss_sum, self.audio_s, self.dropped_batches,
-                             self.dropped_utts], dtype=torch.float64)
-        dist.all_reduce(sums)
-        counters: list = [None] * dist.get_world_size()
-        dist.all_gather_object(counters, dict(self.skipped))
+        sums = all_reduce_sum(torch.tensor([self.num_batches, self.num_utts, self.loss_sum, self.audio_s,
+                                            self.dropped_batches, self.dropped_utts], dtype=torch.float64),
+                              "EpochStats.reduce")
         skipped = Counter()
-        for counter in counters:
+        for counter in all_gather_objects(dict(self.skipped), "EpochStats.reduce skipped"):
             skipped.update(counter)
         return EpochStats(num_batches=int(sums[0]), num_utts=int(sums[1]), loss_sum=float(sums[2]),
                           audio_s=float(sums[3]), skipped=skipped, dropped_batches=int(sums[4]),
@@ -134,110 +136,201 @@ def _to_device(batch: dict, device: torch.device) -> list[torch.Tensor]:
     return [batch[key].to(device, non_blocking=True) for key in MODEL_INPUT_KEYS]
 
 
-def train_one_epoch(engine: Engine, join: FlagJoin | MonitoredBarrierJoin, dataloader, progress: TrainProgress,
-                    train_conf: dict, writer=None, utts_per_rank_total: int = 0,
-                    checkpointer: Checkpointer | None = None, running: RunningEpochStats | None = None) -> EpochStats:
-    """Train one epoch (or its rest, after a mid-epoch resume) on this rank's share of the data; returns this rank's
-    (unreduced) statistics of the whole epoch.
+class Executor:
+    """Trains and cross-validates the engine's model one epoch at a time, and owns where training stands: the
+    progress (epoch, step, position inside the epoch), the epoch's running statistics, resume, logging and ETA.
+
+    Its state travels in every checkpoint as saver hooks of ``checkpointer``: ``progress`` (main process),
+    ``rng`` and ``epoch_stats`` (per rank), so that a ``step_N`` checkpoint resumes bit-identically.
 
     Args:
-        engine: a prepared engine (its model is in train mode after this call).
+        engine: a prepared engine.
         join: keeps the ranks in lock-step; every rank takes the same number of steps.
-        dataloader: yields batch dicts; B=0 batches carry only skip counts.
-        progress: updated in place (``step``, ``batches_in_epoch``, which is 0 again after the epoch). With
-            ``batches_in_epoch`` > 0 on entry (a resume) the loader replays the epoch and that many batches are
-            skipped, and ``running`` must hold the restored statistics.
-        train_conf: resolved ``train_conf`` (``accum_grad``, ``log_interval``).
+        checkpointer: saves ``step_N`` checkpoints when due, and the epoch's at :func:`save_model`.
+        train_conf: ``accum_grad``, ``log_interval``, ``max_epoch``, ``seed`` (the data seed).
+        frame_shift_s: seconds per feature frame (``dataset_conf.fbank_conf.frame_shift``), for audio seconds.
+        data_signature: what a mid-epoch resume must find unchanged (world size, data list, dataset_conf,
+            accum_grad): the position inside an epoch counts batches of that setup.
+        utts_per_epoch: utterances in the training list (all ranks), for the ETA.
         writer: rank 0's tensorboard ``SummaryWriter`` or None.
-        utts_per_rank_total: utterances this rank will see over all remaining epochs, for the ETA.
-        checkpointer: asked after every optimizer step whether a ``step_N`` checkpoint is due (collective).
-        running: the saver hook holding the epoch's statistics while it runs.
     """
-    model = engine.model
-    model.train()
-    accum_grad = train_conf["accum_grad"]
-    log_interval = train_conf["log_interval"]
-    running = running if running is not None else RunningEpochStats()
-    if progress.batches_in_epoch == 0:
-        running.stats = EpochStats()
-    else:
-        logging.info("resuming epoch %d after its first %d batches", progress.epoch, progress.batches_in_epoch)
-        dataloader = _skip_consumed(dataloader, progress.batches_in_epoch, join.is_empty)
-    stats = running.stats
-    start = time.perf_counter()
-    done_before = (stats.audio_s, stats.num_utts)  # what a resumed epoch had trained before this process started
-    micro = 0  # micro-batches since the last optimizer step
-    engine.zero_grad()
-    for batch in join.iterate(dataloader, on_empty=lambda b: stats.add(b, None), on_dropped=stats.add_dropped):
-        micro += 1
-        progress.batches_in_epoch += 1
-        sync = micro == accum_grad or join.is_last  # the epoch's last micro-batches still make a step
-        with engine.accumulate(sync):
-            with engine.autocast():
-                out = model(*_to_device(batch, engine.ctx.device))
-            engine.backward(out["loss"] / accum_grad)
-        loss = float(out["loss"].detach())
-        stats.add(batch, loss)
-        if not sync:
-            continue
-        micro = 0
-        lr = engine.lr
-        grad_norm = engine.step()
-        progress.step += 1
-        if not math.isfinite(grad_norm):
-            logging.warning("step %d: non-finite grad_norm %s, update skipped", progress.step, grad_norm)
-        if progress.step % log_interval == 0 and engine.ctx.is_main:
-            _log_step(progress, stats, out, loss, lr, grad_norm, time.perf_counter() - start, done_before,
-                      utts_per_rank_total, writer)
-        # NOTE: only here, at an optimizer-step boundary: a checkpoint never holds half an accumulation.
-        if checkpointer is not None and checkpointer.step_due(progress.step):
-            checkpointer.save(f"step_{progress.step}", {"epoch": progress.epoch, "step": progress.step,
-                                                        "batches_in_epoch": progress.batches_in_epoch,
-                                                        "lr": engine.lr, "tag": f"step_{progress.step}"})
-    progress.batches_in_epoch = 0
-    stats.dropped_batches = join.report.dropped
-    engine.zero_grad()  # monitored_barrier mode cannot know the last step: its cut-short accumulation is dropped
-    return stats
 
+    def __init__(self, engine: Engine, join: FlagJoin | MonitoredBarrierJoin, checkpointer: Checkpointer,
+                 train_conf: TrainConf, frame_shift_s: float, data_signature: str, utts_per_epoch: int = 0,
+                 writer=None):
+        self.engine = engine
+        self.join = join
+        self.checkpointer = checkpointer
+        self.accum_grad = train_conf.accum_grad
+        self.log_interval = train_conf.log_interval
+        self.max_epoch = train_conf.max_epoch
+        self.frame_shift_s = frame_shift_s
+        self.utts_per_rank = -(-utts_per_epoch // engine.ctx.world_size)
+        self.writer = writer
+        self.progress = TrainProgress(data_seed=train_conf.seed, data_signature=data_signature)
+        self.running = RunningEpochStats()
+        checkpointer.register("progress", self.progress)
+        checkpointer.register("rng", RngState(), main_process_only=False)
+        checkpointer.register("epoch_stats", self.running, main_process_only=False)
 
-def _log_step(progress, stats, out, loss, lr, grad_norm, elapsed, done_before, utts_total, writer) -> None:
-    parts = [f"epoch {progress.epoch}", f"step {progress.step}", f"loss {loss:.3f}"]
-    for key in ("loss_ctc", "loss_att", "th_accuracy"):
-        if out.get(key) is not None:
-            parts.append(f"{key} {float(out[key].detach()):.3f}")
-    audio_before, utts_before = done_before
-    throughput = (stats.audio_s - audio_before) / max(elapsed, 1e-9)
-    parts += [f"lr {lr:.3e}", f"grad_norm {grad_norm:.3f}", f"{throughput:.1f} audio-s/s"]
-    if utts_total > stats.num_utts > utts_before:
-        eta = elapsed / (stats.num_utts - utts_before) * (utts_total - stats.num_utts)
-        parts.append(f"ETA {eta / 60:.1f} min")
-    logging.info(" | ".join(parts))
-    if writer is not None:
-        writer.add_scalar("train/loss", loss, progress.step)
-        writer.add_scalar("train/lr", lr, progress.step)
-        writer.add_scalar("train/grad_norm", grad_norm, progress.step)
-        for key in ("loss_ctc", "loss_att", "th_accuracy"):
-            if out.get(key) is not None:
-                writer.add_scalar(f"train/{key}", float(out[key].detach()), progress.step)
+    def resume(self, path: str, train_set) -> None:
+        """Collective: restore the engine and the saver hooks from checkpoint ``path``; :attr:`progress` then says
+        where training continues. A mid-epoch checkpoint continues at its next batch, an epoch checkpoint at the
+        next epoch. The data seed is the checkpoint's (``train_set.seed`` is set to it).
 
+        Raises:
+            ConfigError: ``path`` is missing or not a training checkpoint, or stops inside an epoch whose data
+                setup (:attr:`TrainProgress.data_signature`) differs from this run's.
+        """
+        if not os.path.exists(path):
+            raise ConfigError(f"--checkpoint {path}: no such file")
+        signature = self.progress.data_signature
+        restored = self.checkpointer.load(path)
+        progress = self.progress
+        if progress.batches_in_epoch and progress.data_signature != signature:
+            # NOTE: the consumed batches are skipped by count; other batching, ranks or data would skip others.
+            raise ConfigError(f"--checkpoint {path} stops inside epoch {progress.epoch}, but the world size, the data "
+                              "list, dataset_conf or accum_grad differ from when it was written, so its position in "
+                              "the epoch means other utterances now; resume from the last epoch_N.pt instead")
+        progress.data_signature = signature  # this run's setup: what its own step checkpoints will stand for
+        if "progress" not in restored:  # written before saver hooks existed: continue after its epoch
+            info = load_info(path)
+            if "epoch" not in info:
+                raise ConfigError(f"--checkpoint {path} is not a training checkpoint (no epoch in its .yaml, e.g. an "
+                                  "averaged model); resume from an epoch_N.pt or step_N.pt")
+            progress.epoch, progress.step = info["epoch"] + 1, info["step"]
+        if progress.data_seed != train_set.seed:
+            logging.warning("%s was trained with data seed %d, the config says %d: keeping the checkpoint's", path,
+                            progress.data_seed, train_set.seed)
+            train_set.seed = progress.data_seed
+        logging.info("resumed from %s: epoch %d after %d of its batches, step %d", path, progress.epoch,
+                     progress.batches_in_epoch, progress.step)
 
-@torch.no_grad()
-def cross_validate(engine: Engine, dataloader) -> EpochStats:
-    """Loss over this rank's share of the CV data, then reduced over all ranks (exact: sums, not averages of
-    averages). Every rank calls it. Uses the unwrapped model inside :meth:`Engine.evaluation`, so forwards issue no
-    collective and uneven CV shares (even an empty one) need no join."""
-    model = engine.module
-    model.eval()
-    stats = EpochStats()
-    with engine.evaluation():
-        for batch in dataloader:
-            if len(batch["keys"]) == 0:
-                stats.add(batch, None)
+    def epochs(self) -> Iterator[int]:
+        """The epochs left to train (from the resumed one), each set in :attr:`progress` while it runs."""
+        for epoch in range(self.progress.epoch, self.max_epoch):
+            self.progress.epoch = epoch
+            yield epoch
+
+    def train(self, dataloader: Iterable[dict], train_set=None) -> EpochStats:
+        """Train the current epoch (or its rest, after a mid-epoch resume) on this rank's share of the data; every
+        rank calls it. Returns the whole epoch's statistics, reduced over the ranks (this rank's own are in
+        ``running.stats``).
+
+        With ``train_set`` (the :class:`~toolkit.dataset.pipeline.AsrDataset` behind ``dataloader``), the set is
+        moved to the epoch and the loader's own generator reseeded, so a resumed job replays the same data order
+        and worker seeds. With :attr:`progress` inside the epoch, the consumed batches are skipped.
+        """
+        progress, engine, join = self.progress, self.engine, self.join
+        if train_set is not None:
+            train_set.set_epoch(progress.epoch)
+            # NOTE: the loader's own generator, reseeded per epoch, so a resumed job replays the same worker seeds.
+            dataloader.generator.manual_seed(progress.data_seed + progress.epoch)
+        if progress.batches_in_epoch == 0:
+            progress.epoch_lr = engine.lr
+            self.running.stats = EpochStats()
+        else:
+            logging.info("resuming epoch %d after its first %d batches", progress.epoch, progress.batches_in_epoch)
+            dataloader = _skip_consumed(dataloader, progress.batches_in_epoch, join.is_empty)
+        stats = self.running.stats
+        model = engine.model
+        model.train()
+        self._clock = (time.perf_counter(), stats.audio_s, stats.num_utts)  # what this process trains from here
+        micro = 0  # micro-batches since the last optimizer step
+        engine.zero_grad()
+        on_empty = lambda b: stats.add(b, None)  # noqa: E731
+        for batch in join.iterate(dataloader, on_empty=on_empty, on_dropped=stats.add_dropped):
+            micro += 1
+            progress.batches_in_epoch += 1
+            sync = micro == self.accum_grad or join.is_last  # the epoch's last micro-batches still make a step
+            with engine.accumulate(sync):
+                with engine.autocast():
+                    out = model(*_to_device(batch, engine.ctx.device))
+                engine.backward(out["loss"] / self.accum_grad)
+            loss = float(out["loss"].detach())
+            stats.add(batch, loss, self.frame_shift_s)
+            if not sync:
                 continue
-            with engine.autocast():
-                out = model(*_to_device(batch, engine.ctx.device))
-            stats.add(batch, float(out["loss"]))
-    return stats.reduce()
+            micro = 0
+            lr = engine.lr
+            grad_norm = engine.step()
+            progress.step += 1
+            if not math.isfinite(grad_norm):
+                logging.warning("step %d: non-finite grad_norm %s, update skipped", progress.step, grad_norm)
+            if progress.step % self.log_interval == 0:
+                self._log_step(stats, out, loss, lr, grad_norm)
+            # NOTE: only here, at an optimizer-step boundary: a checkpoint never holds half an accumulation.
+            if self.checkpointer.step_due(progress.step):
+                self.checkpointer.save(f"step_{progress.step}", {
+                    "epoch": progress.epoch, "step": progress.step, "batches_in_epoch": progress.batches_in_epoch,
+                    "lr": engine.lr, "tag": f"step_{progress.step}"})
+        progress.batches_in_epoch = 0
+        stats.dropped_batches = join.report.dropped
+        engine.zero_grad()  # monitored_barrier mode cannot know the last step: its cut-short accumulation is dropped
+        return stats.reduce()
+
+    @main_process_only
+    def _log_step(self, stats: EpochStats, out: dict, loss: float, lr: float, grad_norm: float) -> None:
+        progress = self.progress
+        started, audio_before, utts_before = self._clock
+        elapsed = time.perf_counter() - started
+        parts = [f"epoch {progress.epoch}", f"step {progress.step}", f"loss {loss:.3f}"]
+        extra = {key: float(out[key].detach()) for key in ("loss_ctc", "loss_att", "th_accuracy")
+                 if out.get(key) is not None}
+        parts += [f"{key} {value:.3f}" for key, value in extra.items()]
+        throughput = (stats.audio_s - audio_before) / max(elapsed, 1e-9)
+        parts += [f"lr {lr:.3e}", f"grad_norm {grad_norm:.3f}", f"{throughput:.1f} audio-s/s"]
+        utts_total = self.utts_per_rank * (self.max_epoch - progress.epoch)
+        if utts_total > stats.num_utts > utts_before:
+            eta = elapsed / (stats.num_utts - utts_before) * (utts_total - stats.num_utts)
+            parts.append(f"ETA {eta / 60:.1f} min")
+        logging.info(" | ".join(parts))
+        if self.writer is not None:
+            for key, value in {"loss": loss, "lr": lr, "grad_norm": grad_norm, **extra}.items():
+                self.writer.add_scalar(f"train/{key}", value, progress.step)
+
+    @torch.no_grad()
+    def cv(self, dataloader) -> EpochStats:
+        """Loss over this rank's share of the CV data, then reduced over all ranks (exact: sums, not averages of
+        averages). Every rank calls it. Uses the unwrapped model inside :meth:`Engine.evaluation`, so forwards issue
+        no collective and uneven CV shares (even an empty one) need no join."""
+        engine = self.engine
+        model = engine.module
+        model.eval()
+        stats = EpochStats()
+        with engine.evaluation():
+            for batch in dataloader:
+                if len(batch["keys"]) == 0:
+                    stats.add(batch, None)
+                    continue
+                with engine.autocast():
+                    out = model(*_to_device(batch, engine.ctx.device))
+                stats.add(batch, float(out["loss"]), self.frame_shift_s)
+        return stats.reduce()
+
+    def epoch_info(self, train: EpochStats, cv: EpochStats) -> dict:
+        """The finished epoch's metadata (its checkpoint's YAML), logged on the main process and written to
+        tensorboard; :attr:`progress` moves on to the next epoch. ``train`` and ``cv`` are reduced over the ranks."""
+        progress = self.progress
+        info = {"epoch": progress.epoch, "step": progress.step, "lr": progress.epoch_lr, "cv_loss": cv.loss,
+                "train_loss": train.loss, "train_utts": train.num_utts, "cv_utts": cv.num_utts,
+                "skipped": dict(train.skipped), "cv_skipped": dict(cv.skipped),
+                "dropped_batches": train.dropped_batches, "dropped_utts": train.dropped_utts,
+                "tag": f"epoch_{progress.epoch}"}
+        self._log_epoch(info)
+        progress.epoch += 1  # what the checkpoint resumes: the next epoch from its start
+        return info
+
+    @main_process_only
+    def _log_epoch(self, info: dict) -> None:
+        logging.info("epoch %d done: step %d, train_loss %.3f (%d utts), cv_loss %.3f (%d utts), dropped batches %d "
+                     "(%d utts), skipped utts train %s cv %s", info["epoch"], info["step"], info["train_loss"],
+                     info["train_utts"], info["cv_loss"], info["cv_utts"], info["dropped_batches"],
+                     info["dropped_utts"], info["skipped"], info["cv_skipped"])
+        if self.writer is not None:
+            self.writer.add_scalar("cv/loss", info["cv_loss"], info["epoch"])
+            self.writer.add_scalar("train/epoch_loss", info["train_loss"], info["epoch"])
+            self.writer.flush()
 
 
 def require_utterances(stats: EpochStats, what: str, data_list: str) -> None:
@@ -252,23 +345,3 @@ def require_utterances(stats: EpochStats, what: str, data_list: str) -> None:
     raise ConfigError(f"{what} no utterance of {data_list}: {stats.dropped_utts} dropped at the join "
                       f"({stats.dropped_batches} batches), skipped {dict(stats.skipped)}; check the data list and "
                       "data_type, and with shards make more shards than ranks x loader workers")
-
-
-def epoch_summary(progress: TrainProgress, lr: float, train: EpochStats, cv: EpochStats, is_main: bool,
-                  writer=None) -> dict:
-    """The epoch's metadata (saved as the checkpoint's YAML), logged on the main process and written to tensorboard
-    when ``writer`` is given. ``train`` and ``cv`` must already be reduced over the ranks."""
-    info = {"epoch": progress.epoch, "step": progress.step, "lr": lr, "cv_loss": cv.loss, "train_loss": train.loss,
-            "train_utts": train.num_utts, "cv_utts": cv.num_utts, "skipped": dict(train.skipped),
-            "cv_skipped": dict(cv.skipped), "dropped_batches": train.dropped_batches,
-            "dropped_utts": train.dropped_utts, "tag": f"epoch_{progress.epoch}"}
-    if is_main:
-        logging.info("epoch %d done: step %d, train_loss %.3f (%d utts), cv_loss %.3f (%d utts), dropped batches %d "
-                     "(%d utts), skipped utts train %s cv %s", progress.epoch, progress.step, train.loss,
-                     train.num_utts, cv.loss, cv.num_utts, train.dropped_batches, train.dropped_utts,
-                     dict(train.skipped), dict(cv.skipped))
-    if writer is not None:
-        writer.add_scalar("cv/loss", cv.loss, progress.epoch)
-        writer.add_scalar("train/epoch_loss", train.loss, progress.epoch)
-        writer.flush()
-    return info

@@ -41,41 +41,46 @@ def _lookup(section: str, name: str, table: dict) -> type:
     return table[name]
 
 
-def init_model(configs: dict) -> ASRModel:
-    """Instantiate the model described by a training config.
+def init_model(conf, input_dim: int, vocab_size: int) -> ASRModel:
+    """Instantiate the model described by the model sections of a training config.
 
     Args:
-        configs: dict with ``input_dim`` (fbank bins D), ``output_dim`` (vocabulary size V),
-            ``cmvn`` (``global_cmvn`` or None) and ``cmvn_conf: {cmvn_file}``, ``encoder``
-            (conformer|transformer) and ``encoder_conf``, ``decoder`` (transformer) and
-            ``decoder_conf``, and ``model_conf`` (ctc_weight, lsm_weight,
-            length_normalized_loss).
+        conf: any object with the attributes ``encoder`` (conformer|transformer) and ``encoder_conf``, ``decoder``
+            (transformer) and ``decoder_conf``, ``model_conf`` (:class:`ASRModel` keywords: ctc_weight,
+            lsm_weight, length_normalized_loss), ``cmvn`` (``global_cmvn`` or None) and ``cmvn_conf``
+            (``{cmvn_file}``), e.g. a :class:`toolkit.config.Config`.
+        input_dim: D, the fbank bins of the features.
+        vocab_size: V, the tokenizer's symbol count (``<sos/eos>`` = V - 1).
 
     Returns:
         A freshly initialised ASRModel (training mode).
 
     Raises:
-        ConfigError: unknown encoder/decoder/cmvn name or unknown ``*_conf`` key (the message
-            lists the valid ones). KeyError: ``input_dim`` or ``output_dim`` missing.
-            OSError: unreadable CMVN file.
+        ConfigError: an unknown encoder/decoder/cmvn name, an unknown ``*_conf`` key (the message lists the valid
+            ones), or a missing or unreadable CMVN file.
     """
-    input_dim = configs["input_dim"]
-    vocab_size = configs["output_dim"]
     global_cmvn = None
-    cmvn = configs.get("cmvn")
-    if cmvn is not None:
-        if cmvn not in CMVNS:
-            raise ConfigError(f"cmvn: unknown name {cmvn!r}; valid: {list(CMVNS)} or null")
-        global_cmvn = GlobalCMVN(*load_global_cmvn(configs["cmvn_conf"]["cmvn_file"]))
+    if conf.cmvn is not None:
+        if conf.cmvn not in CMVNS:
+            raise ConfigError(f"cmvn: unknown name {conf.cmvn!r}; valid: {list(CMVNS)} or null")
+        cmvn_file = (conf.cmvn_conf or {}).get("cmvn_file")
+        if not cmvn_file:
+            raise ConfigError("cmvn: global_cmvn needs cmvn_conf.cmvn_file (tools/compute_cmvn_stats.py writes it), "
+                              "or set 'cmvn: null'")
+        global_cmvn = GlobalCMVN(*load_global_cmvn(cmvn_file))
 
-    encoder_cls = _lookup("encoder", configs.get("encoder", "conformer"), ENCODERS)
-    encoder = encoder_cls(input_dim, global_cmvn=global_cmvn,
-                          **_checked_conf("encoder_conf", encoder_cls,
-                                          configs.get("encoder_conf")))
-    decoder_cls = _lookup("decoder", configs.get("decoder", "transformer"), DECODERS)
-    decoder = decoder_cls(vocab_size, encoder.output_size(),
-                          **_checked_conf("decoder_conf", decoder_cls,
-                                          configs.get("decoder_conf")))
+    encoder_cls = _lookup("encoder", conf.encoder, ENCODERS)
+    encoder = _build("encoder_conf", encoder_cls, conf.encoder_conf, input_dim, global_cmvn=global_cmvn)
+    decoder_cls = _lookup("decoder", conf.decoder, DECODERS)
+    decoder = _build("decoder_conf", decoder_cls, conf.decoder_conf, vocab_size, encoder.output_size())
     ctc = CTC(vocab_size, encoder.output_size())
-    model_conf = _checked_conf("model_conf", ASRModel, configs.get("model_conf"))
-    return ASRModel(vocab_size, encoder, decoder, ctc, **model_conf)
+    return _build("model_conf", ASRModel, conf.model_conf, vocab_size, encoder, decoder, ctc)
+
+
+def _build(section: str, cls: type, conf: dict | None, *args, **kwargs):
+    """``cls(*args, **kwargs, **conf)``; a value the constructor refuses (its ValueError) is a ConfigError naming
+    ``section``."""
+    try:
+        return cls(*args, **kwargs, **_checked_conf(section, cls, conf))
+    except ValueError as e:
+        raise ConfigError(f"{section}: {e}") from e

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from typing import Callable
+
 import torch
 
 
@@ -12,9 +14,9 @@ def num_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def trace_and_print_model(model: torch.nn.Module, is_main: bool) -> int:
+def trace_and_print_model(model: torch.nn.Module, log: Callable[..., None] = logging.info) -> int:
     """Script the encoder and decoder with ``torch.jit.script`` (so an export never fails after hours of
-    training) and log the model and its parameter count on the main process.
+    training) and ``log`` the model and its parameter count (a trainer passes a main-process-only logger).
 
     Returns:
         The number of trainable parameters.
@@ -27,7 +29,6 @@ def trace_and_print_model(model: torch.nn.Module, is_main: bool) -> int:
         if sub is not None:
             torch.jit.script(sub)
     count = num_parameters(model)
-    if is_main:
-        logging.info("%s", model)
-        logging.info("the model has %d trainable parameters (%.2f M)", count, count / 1e6)
+    log("%s", model)
+    log("the model has %d trainable parameters (%.2f M)", count, count / 1e6)
     return count

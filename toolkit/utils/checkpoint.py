@@ -34,8 +34,10 @@ SCALER_KEY = "scaler"
 EXTRA_KEY = "extra"
 
 
-def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Call ``write(fileobj)`` on a temporary file beside ``path``, fsync it and rename it to ``path``."""
+def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb",
+                 before_replace: Callable[[], None] | None = None) -> None:
+    """Call ``write(fileobj)`` on a temporary file beside ``path``, fsync it and rename it to ``path``
+    (``before_replace()`` runs once the new content is safely on disk, just before the rename)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=directory)
     try:
@@ -43,6 +45,8 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb") -> N
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -56,9 +60,17 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb") -> N
 
 
 def save_checkpoint(path: str, state: dict[str, Any], info: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` (``.pt``) then ``info`` to the sibling ``.yaml``, each atomically."""
-    atomic_write(path, lambda f: torch.save(state, f))
+    """Write ``state`` to ``path`` (``.pt``) then ``info`` to the sibling ``.yaml``, each atomically. Overwriting a
+    checkpoint removes its old ``.yaml`` once the new ``.pt`` is on disk and before it replaces the old one: a
+    failure while writing keeps the old checkpoint whole, and a crash later never leaves new weights beside the
+    old metadata looking valid."""
     yaml_path = re.sub(r"\.pt$", ".yaml", path)
+
+    def uncommit() -> None:
+        if os.path.exists(yaml_path):
+            os.unlink(yaml_path)
+
+    atomic_write(path, lambda f: torch.save(state, f), before_replace=uncommit)
     atomic_write(yaml_path, lambda f: yaml.safe_dump(info, f, sort_keys=False), mode="w")
 
 

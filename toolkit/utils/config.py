@@ -1,51 +1,40 @@
-"""Training configuration: YAML loading, typed command-line overrides and validation.
+"""Configuration: YAML loading, command-line overrides, and typed sections built from plain dicts.
 
-A config is the plain dict read from ``conf/*.yaml`` (WeNet layout: ``name:`` paired with ``name_conf:``).
-Overrides follow ``--override_config "train_conf.max_epoch 3"`` (or ``train_conf.max_epoch=3``): the value is
-parsed to the type of the value it replaces, and a key that does not exist is an error that lists the keys valid at
-that level, so a typo never silently trains with the default.
+A config is read from ``conf/*.yaml`` (WeNet layout: ``name:`` paired with ``name_conf:``). Each section that the
+toolkit owns is a dataclass declared by the code that consumes it (``train_conf``: :mod:`toolkit.engine.train_conf`,
+``dataset_conf``: :mod:`toolkit.dataset.conf`, ...); :func:`typed` builds it from the YAML's dict, checking every key
+and the type of every value, so a typo or a wrongly typed value (``spec_aug: "false"``, ``max_epoch: true``) stops
+the run with one line naming the key, instead of training with something else.
+
+Overrides (``--override_config "train_conf.max_epoch 3"`` or ``"train_conf.max_epoch=3"``) are applied to the plain
+dict before the sections are built (:func:`apply_overrides`): the value is YAML (``null`` and ``~`` are None, ``[1,
+2]`` a list, ``{a: 1}`` a mapping merged into the section it replaces), and the key must exist, so an override never
+silently adds a key that nothing reads.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import math
-import os
-from typing import Any
+import sys
+import types
+import typing
+from typing import Any, Callable, Literal, TypeVar, Union
 
 import yaml
 
-# NOTE: the trainer's own section; model/dataset sections are validated by the code that consumes them.
-TRAIN_CONF_DEFAULTS: dict[str, Any] = {
-    "max_epoch": 10,
-    "accum_grad": 1,
-    "grad_clip": 5.0,
-    "log_interval": 20,
-    "dtype": "fp32",
-    "seed": 777,
-    # NOTE: checkpoint policy (toolkit/engine/checkpointer.py); 0 disables an interval / keeps everything.
-    "save_interval_steps": 0,
-    "save_interval_minutes": 0.0,
-    "keep_last_n": 0,
-    "keep_best_n": 5,  # epoch checkpoints with the lowest cv_loss that keep_last_n never deletes (average_model)
-    # NOTE: uneven data across ranks (toolkit/distributed/join.py); the timeout is used by monitored_barrier only.
-    "join_mode": "flag",
-    "join_timeout_s": 30.0,
-}
-DTYPE_CHOICES = ("fp32", "bf16", "fp16")
-JOIN_MODE_CHOICES = ("flag", "monitored_barrier")
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A config file or override names a key or value that does not exist; the message says what to fix."""
+    """A config file, override or command-line value is wrong; the message says which and what to do."""
 
 
-def exit_on_config_error(main) -> None:
+def exit_on_config_error(main: Callable[[], None]) -> None:
     """Run a command-line ``main()``; a :class:`ConfigError` becomes one logged line and exit status 2 instead of a
     traceback (the message already says what to fix)."""
-    import logging
-    import sys
-
     try:
         main()
     except ConfigError as e:
@@ -65,48 +54,61 @@ def load_config(path: str) -> dict:
     except FileNotFoundError as e:
         raise ConfigError(f"config file not found: {path}") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from e
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(config).__name__}")
     return config
 
 
-def _parse_like(old: Any, text: str, key: str) -> Any:
-    """Parse ``text`` into the type of ``old`` (bool before int: ``True`` is an int in Python)."""
-    if isinstance(old, bool):
-        lowered = text.strip().lower()
-        if lowered in ("true", "1", "yes"):
-            return True
-        if lowered in ("false", "0", "no"):
-            return False
-        raise ConfigError(f"override {key}: expected true/false, got {text!r}")
-    if isinstance(old, int):
-        try:
-            return int(text)
-        except ValueError as e:
-            raise ConfigError(f"override {key}: expected an integer, got {text!r}") from e
-    if isinstance(old, float):
-        try:
-            return float(text)
-        except ValueError as e:
-            raise ConfigError(f"override {key}: expected a number, got {text!r}") from e
-    if isinstance(old, str):
-        return text
-    # None, lists and mappings: YAML syntax ("[1, 2]", "{a: 1}", "null", "0.5").
-    value = yaml.safe_load(text)
-    for kind in (dict, list):
-        if isinstance(old, kind) and not isinstance(value, kind):
-            raise ConfigError(f"override {key}: expected a YAML {kind.__name__} like the value it replaces, "
-                              f"got {text!r}")
+def save_config(config: dict, path: str) -> None:
+    """Write ``config`` as YAML (keys in insertion order) to ``path``."""
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f, sort_keys=False, allow_unicode=True)
+
+
+def _parse_override(old: Any, text: str, key: str) -> Any:
+    """The YAML value of ``text``, checked against the kind of value it replaces (the sections' own types are
+    checked later, by :func:`typed`)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}: {text!r} is not valid YAML ({' '.join(str(e).split()[:8])} ...)") from e
+    if value is None or old is None:
+        return value
+    if isinstance(old, dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"override {key}: expected a YAML mapping like {{a: 1}}, got {text!r}")
+        return _merge(old, value)
+    if isinstance(old, str) and not isinstance(value, (dict, list)):
+        return text  # "123" or "true" for a string key stays the text the user typed
+    kinds = {bool: (bool,), int: (int,), float: (int, float), list: (list,)}
+    for kind, accepted in kinds.items():
+        if isinstance(old, kind):
+            if not isinstance(value, accepted) or (kind is not bool and isinstance(value, bool)):
+                name = {bool: "true or false", int: "an integer", float: "a number", list: "a YAML list"}[kind]
+                raise ConfigError(f"override {key}: expected {name} like the value it replaces, got {text!r}")
+            return float(value) if kind is float else value
     return value
+
+
+def _merge(old: dict, new: dict) -> dict:
+    """``old`` with ``new``'s keys replaced (mappings merged recursively), so that overriding a whole section keeps
+    the YAML's values of the keys it does not name."""
+    merged = copy.deepcopy(old)
+    for key, value in new.items():
+        if isinstance(merged.get(key), dict) and isinstance(value, dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def apply_overrides(config: dict, overrides: list[str]) -> dict:
     """Return a copy of ``config`` with each ``"a.b.c value"`` (or ``"a.b.c=value"``) override applied.
 
     Raises:
-        ConfigError: malformed override, unknown key (the message lists the valid keys at that level), or a value
-            that cannot be parsed as the type of the value it replaces.
+        ConfigError: malformed override or YAML value, unknown key (the message lists the valid keys at that level),
+            or a value of another kind than the one it replaces (a number for a mapping, text for an integer).
     """
     config = copy.deepcopy(config)
     for item in overrides:
@@ -125,99 +127,121 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
                 valid = sorted(node) if isinstance(node, dict) else []
                 raise ConfigError(f"override {dotted!r}: unknown key {name!r} at {where}; valid keys: {valid}")
             if depth == len(names) - 1:
-                node[name] = _parse_like(node[name], text, dotted)
+                node[name] = _parse_override(node[name], text, dotted)
             else:
                 node = node[name]
     return config
 
 
-def fill_train_defaults(config: dict) -> dict:
-    """A copy of ``config`` whose ``train_conf`` has every key of :data:`TRAIN_CONF_DEFAULTS` (values are checked
-    later, by :func:`resolve_train_conf`), so that an override can set a key the YAML leaves out.
+def defaults_of(cls: type) -> dict:
+    """The default values of dataclass ``cls`` as a plain dict (nested sections as dicts)."""
+    return dataclasses.asdict(cls())
+
+
+def fill_defaults(cls: type, given: Any) -> Any:
+    """``given`` (a section's dict from the YAML) with every key of ``cls`` that it leaves out set to its default,
+    recursively, so that an override can set a key the YAML does not mention. Nothing is checked here (see
+    :func:`typed`); a non-dict ``given`` is returned as it is."""
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        return given
+    filled = dict(given)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        sub = hints[f.name]
+        if f.name not in filled:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            filled[f.name] = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
+        elif dataclasses.is_dataclass(sub):
+            filled[f.name] = fill_defaults(sub, filled[f.name])
+    return filled
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _check(hint: Any, value: Any, where: str) -> Any:
+    """``value`` converted to and checked against the annotation ``hint``."""
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check(option, value, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {_describe(value)} fits none of {options}")
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices or isinstance(value, bool):
+            raise ConfigError(f"{where}: {value!r} is not one of {list(choices)}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {_describe(value)}")
+        (item,) = typing.get_args(hint)[:1]
+        return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
+        return dict(value)
+    if dataclasses.is_dataclass(hint):
+        return typed(hint, value, where)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {_describe(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {_describe(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {_describe(value)}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {_describe(value)}")
+        return value
+    if hint is Any:
+        return value
+    raise TypeError(f"{where}: unsupported annotation {hint!r}")
+
+
+def typed(cls: type[T], given: Any, where: str) -> T:
+    """Build dataclass ``cls`` from the dict ``given`` (None: all defaults), checking each key and value.
+
+    Keys ``given`` leaves out take the field's default; nested dataclass fields are built recursively; ``bool``
+    takes only true/false, ``int`` only integers (not booleans), ``float`` only finite numbers, ``Literal[...]`` only
+    its choices. After the types, the dataclass's own ``__post_init__`` checks ranges.
 
     Raises:
-        ConfigError: ``train_conf`` is not a mapping.
+        ConfigError: ``given`` is not a mapping, has a key ``cls`` lacks (the valid ones are listed), or a value of
+            the wrong type or range (the message names ``where.key``).
     """
-    given = config.get("train_conf") or {}
+    if given is None:
+        given = {}
+    if isinstance(given, cls):
+        return given
     if not isinstance(given, dict):
-        raise ConfigError(f"train_conf must be a mapping of keys, got {given!r}")
-    return {**config, "train_conf": {**TRAIN_CONF_DEFAULTS, **given}}
-
-
-def resolve_train_conf(config: dict) -> dict:
-    """Fill ``train_conf`` with defaults and check every key and choice.
-
-    Raises:
-        ConfigError: an unknown ``train_conf`` key (message lists the valid ones), a bad dtype, a non-positive
-            ``accum_grad``/``max_epoch``, a negative checkpoint interval/retention count, a ``join_mode`` not in
-            ``JOIN_MODE_CHOICES`` or a non-positive ``join_timeout_s``.
-    """
-    given = config.get("train_conf") or {}
-    if not isinstance(given, dict):
-        raise ConfigError(f"train_conf must be a mapping of keys, got {given!r}")
-    unknown = sorted(set(given) - set(TRAIN_CONF_DEFAULTS))
+        raise ConfigError(f"{where or 'the config'} must be a mapping of keys, got {_describe(given)}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(given) - set(names))
     if unknown:
-        raise ConfigError(f"train_conf: unknown keys {unknown}; valid keys: {sorted(TRAIN_CONF_DEFAULTS)}")
-    conf = {**TRAIN_CONF_DEFAULTS, **given}
-    if conf["dtype"] not in DTYPE_CHOICES:
-        raise ConfigError(f"train_conf.dtype: {conf['dtype']!r} is not one of {list(DTYPE_CHOICES)}")
-    for key in ("accum_grad", "max_epoch", "log_interval"):
-        if not isinstance(conf[key], int) or conf[key] < 1:
-            raise ConfigError(f"train_conf.{key} must be a positive integer, got {conf[key]!r}")
-    for key in ("save_interval_steps", "keep_last_n", "keep_best_n"):
-        if isinstance(conf[key], bool) or not isinstance(conf[key], int) or conf[key] < 0:
-            raise ConfigError(f"train_conf.{key} must be a non-negative integer (0 disables), got {conf[key]!r}")
-    minutes = conf["save_interval_minutes"]
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes >= 0 or minutes == math.inf:
-        raise ConfigError(f"train_conf.save_interval_minutes must be a non-negative number, got {minutes!r}")
-    if conf["join_mode"] not in JOIN_MODE_CHOICES:
-        raise ConfigError(f"train_conf.join_mode: {conf['join_mode']!r} is not one of {list(JOIN_MODE_CHOICES)}")
-    timeout = conf["join_timeout_s"]
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-        raise ConfigError(f"train_conf.join_timeout_s must be a positive number of seconds, got {timeout!r}")
-    return conf
+        raise ConfigError(f"{where or 'the config'}: unknown keys {unknown}; valid keys: {sorted(names)}")
+    hints = typing.get_type_hints(cls)
+    return cls(**{key: _check(hints[key], value, f"{where}.{key}" if where else key) for key, value in given.items()})
 
 
-def save_config(config: dict, path: str) -> None:
-    """Write ``config`` as YAML (keys in insertion order) to ``path``."""
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config, f, sort_keys=False, allow_unicode=True)
-
-
-def count_symbols(symbol_table_path: str) -> int:
-    """Number of units in a ``symbol id`` table (the model's ``output_dim``).
-
-    Raises:
-        ConfigError: the file is missing or a line is not ``symbol id``.
-    """
-    try:
-        with open(symbol_table_path, encoding="utf-8") as f:
-            lines = [line.split() for line in f if line.strip()]
-    except FileNotFoundError as e:
-        raise ConfigError(f"symbol table not found: {symbol_table_path} (tokenizer_conf.symbol_table_path)") from e
-    for number, fields in enumerate(lines, 1):
-        if len(fields) != 2 or not fields[1].isdigit():
-            raise ConfigError(f"{symbol_table_path}:{number}: expected 'symbol id', got {' '.join(fields)!r}")
-    return len(lines)
-
-
-def check_modify_and_save_config(config: dict, model_dir: str, is_main: bool) -> dict:
-    """Resolve the derived keys and write the effective config to ``model_dir/train.yaml`` (rank 0 only).
-
-    Sets ``output_dim`` from the symbol table, ``input_dim`` from ``dataset_conf.fbank_conf.num_mel_bins`` and fills
-    ``train_conf`` with its defaults, so the saved file alone rebuilds the model for decoding.
-
-    Raises:
-        ConfigError: a missing section or an invalid ``train_conf`` (see :func:`resolve_train_conf`).
-    """
-    for section in ("encoder", "decoder", "tokenizer_conf", "dataset_conf"):
-        if section not in config:
-            raise ConfigError(f"config has no '{section}' section; it is required")
-    config = copy.deepcopy(config)
-    config["train_conf"] = resolve_train_conf(config)
-    config["output_dim"] = count_symbols(config["tokenizer_conf"]["symbol_table_path"])
-    config["input_dim"] = config["dataset_conf"].get("fbank_conf", {}).get("num_mel_bins", 80)
-    if is_main:
-        os.makedirs(model_dir, exist_ok=True)
-        save_config(config, os.path.join(model_dir, "train.yaml"))
-    return config
+def require(condition: bool, where: str, what: str, value: Any) -> None:
+    """For ``__post_init__`` range checks: raise ``ConfigError("{where} must be {what}, got {value!r}")`` unless
+    ``condition``."""
+    if not condition:
+        raise ConfigError(f"{where} must be {what}, got {value!r}")

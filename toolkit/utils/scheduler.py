@@ -8,6 +8,7 @@ the inverse square root of the step.
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 
@@ -43,8 +44,9 @@ def init_optimizer_and_scheduler(
     """Build the optimizer and LR scheduler named in the config.
 
     Raises:
-        ConfigError: an unknown optimizer or scheduler name, or an ``optim_conf``/``scheduler_conf`` key the class
-            does not take (the message lists the valid ones).
+        ConfigError: an unknown optimizer or scheduler name, an ``optim_conf``/``scheduler_conf`` key the class
+            does not take (the message lists the valid ones), a non-finite number, or a value the class refuses
+            (its own message, e.g. a negative learning rate).
     """
     if optim not in OPTIMIZER_CHOICES:
         raise ConfigError(f"optim: {optim!r} is not one of {list(OPTIMIZER_CHOICES)}")
@@ -56,5 +58,15 @@ def init_optimizer_and_scheduler(
         unknown = sorted(set(conf) - set(valid))
         if unknown:
             raise ConfigError(f"{name}: unknown keys {unknown}; valid keys: {valid}")
-    optimizer = optim_cls(params, **optim_conf)
-    return optimizer, WarmupLR(optimizer, **scheduler_conf)
+        for key, value in conf.items():
+            numbers = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+                raise ConfigError(f"{name}.{key} must be finite, got {value!r}")
+    try:
+        optimizer = optim_cls(params, **optim_conf)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"optim_conf: {e}") from e
+    try:
+        return optimizer, WarmupLR(optimizer, **scheduler_conf)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"scheduler_conf: {e}") from e

@@ -54,11 +54,11 @@ die() { echo "$0: $*" >&2; exit 1; }
   die "bad stage range $stage..$stop_stage: stages are -1..5 and --stage must not exceed --stop_stage"
 case $token_type in char|bpe) ;; *) die "--token_type must be char or bpe, got '$token_type'";; esac
 [[ $average_num =~ ^[0-9]+$ ]] || die "--average_num must be a non-negative integer, got '$average_num'"
-for m in $decode_modes; do
-  case $m in ctc_greedy_search|ctc_prefix_beam_search|attention|attention_rescoring) ;;
-    *) die "--decode_modes: unknown mode '$m'; choose from ctc_greedy_search ctc_prefix_beam_search attention attention_rescoring";;
-  esac
-done
+# The decoding modes are checked now, by the model's own list, not after hours of training.
+python -c 'import sys; from toolkit.models.transformer.asr_model import DECODING_METHODS as known
+bad = [m for m in sys.argv[1:] if m not in known]
+sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(known)}" if bad or not sys.argv[1:] else 0)' \
+  $decode_modes || exit 1
 [ -n "${corpora// }" ] || die "--corpora is empty"
 case $data_type in raw|shard) ;; *) die "--data_type must be raw or shard, got '$data_type'";; esac
 [ -f "$train_config" ] || die "--train_config $train_config does not exist"
@@ -71,6 +71,17 @@ bpemodel=$data/dict/bpe
 test_sets=$(for c in $corpora; do printf 'test_%s ' "$c"; done)
 test_sets=${test_sets% }
 SECONDS=0
+
+# The training overrides: stage 1 (features for CMVN) and stage 4 read the config with the same ones.
+train_overrides=(--override_config "tokenizer $token_type" --override_config "dataset_conf.data_type $data_type"
+                 --override_config "cmvn_conf.cmvn_file $data/train/global_cmvn")
+if [ "$token_type" = bpe ]; then
+  train_overrides+=(--override_config "tokenizer_conf {symbol_table_path: $dict, bpe_model: $bpemodel.model}")
+else
+  train_overrides+=(--override_config "tokenizer_conf {symbol_table_path: $dict}")
+fi
+IFS=';' read -ra extra <<< "$overrides"
+for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_config "$o"); done
 
 if (( stage <= -1 && stop_stage >= -1 )); then
   echo "stage -1: corpora in $corpus_dir: $corpora"
@@ -90,7 +101,7 @@ fi
 if (( stage <= 1 && stop_stage >= 1 )); then
   echo "stage 1: global CMVN from train fbank"
   python tools/compute_cmvn_stats.py --num_workers "$cmvn_workers" --train_config "$train_config" \
-    --in_scp "$data/train/wav.scp" --out_cmvn "$data/train/global_cmvn"
+    "${train_overrides[@]}" --in_scp "$data/train/wav.scp" --out_cmvn "$data/train/global_cmvn"
 fi
 
 if (( stage <= 2 && stop_stage >= 2 )); then
@@ -116,16 +127,6 @@ if (( stage <= 3 && stop_stage >= 3 )); then
     fi
   done
 fi
-
-train_overrides=(--override_config "tokenizer $token_type" --override_config "dataset_conf.data_type $data_type"
-                 --override_config "cmvn_conf.cmvn_file $data/train/global_cmvn")
-if [ "$token_type" = bpe ]; then
-  train_overrides+=(--override_config "tokenizer_conf {symbol_table_path: $dict, bpe_model: $bpemodel.model}")
-else
-  train_overrides+=(--override_config "tokenizer_conf {symbol_table_path: $dict}")
-fi
-IFS=';' read -ra extra <<< "$overrides"
-for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_config "$o"); done
 
 if (( stage <= 4 && stop_stage >= 4 )); then
   echo "stage 4: training with $train_engine, $num_nodes node(s) x $nproc_per_node process(es)"

@@ -6,7 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
+
+from toolkit.config import read_config
+from toolkit.models.registry import init_model
+from toolkit.text.tokenizer import init_tokenizer
+from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CORPUS = os.path.join(REPO, "corpora", "tiny_fsdd")
@@ -67,8 +73,13 @@ def test_train_skips_bad_input_commits_epochs_and_resumes(tmp_path):
     assert info["train_utts"] == num_good
     for key in ("bad-missing", "bad-corrupt", "bad-empty-text", "bad-unknown-char"):
         assert key in proc.stderr  # each skip is logged with its key
-    saved = yaml.safe_load(open(exp / "train.yaml"))
-    assert saved["output_dim"] == len(open(tmp_path / "units.txt").readlines())
+    # train.yaml alone rebuilds the trained model: its overrides applied, the vocabulary from its symbol table.
+    saved = read_config(str(exp / "train.yaml"))
+    assert saved.train_conf.max_epoch == 2 and saved.dataset_conf.batch_conf.batch_size == 8
+    tokenizer = init_tokenizer(saved.tokenizer, saved.tokenizer_conf)
+    assert tokenizer.vocab_size() == len(open(tmp_path / "units.txt").readlines())
+    init_model(saved, saved.input_dim, tokenizer.vocab_size()).load_state_dict(
+        load_checkpoint(str(exp / "epoch_1.pt"))[MODEL_KEY])
     step_after_2 = info["step"]
 
     proc = train(tmp_path, "--checkpoint", str(exp / "epoch_0.pt"), "--override_config", "train_conf.max_epoch 3")
@@ -108,3 +119,45 @@ def test_a_mid_epoch_checkpoint_refuses_another_batch_size(tmp_path):
     assert "stops inside epoch 0" in proc.stderr and "epoch_N.pt" in proc.stderr
     proc = train(tmp_path, "--checkpoint", str(tmp_path / "exp" / "nope.pt"))
     assert proc.returncode != 0 and "no such file" in proc.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train_conf.dtype fp16", "train_conf.dtype fp16 needs a GPU"),
+    ("optim_conf.lr .nan", "optim_conf.lr must be finite"),
+    ("optim_conf.lr -0.1", "optim_conf: Invalid learning rate: -0.1"),
+    ("model_conf.ctc_weight 1.5", "model_conf: ctc_weight must be in [0, 1]"),
+    ("cmvn_conf.cmvn_file nope.json", "cmvn_conf.cmvn_file nope.json: No such file"),
+])
+def test_a_bad_value_stops_in_one_line_before_anything_is_written(tmp_path, override, message):
+    write_data(tmp_path)
+    cmd = [sys.executable, "-m", "toolkit.bin.train", "--config", CONF, "--train_data", str(tmp_path / "train.list"),
+           "--cv_data", str(tmp_path / "cv.list"), "--model_dir", str(tmp_path / "exp"),
+           "--override_config", f"tokenizer_conf.symbol_table_path {tmp_path / 'units.txt'}",
+           "--override_config", f"cmvn_conf.cmvn_file {tmp_path / 'cmvn'}", "--override_config", override]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=ENV, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "exp").exists()  # no train.yaml, no checkpoint of a run that never started
+
+
+def test_the_data_setup_of_a_resumed_run_is_the_one_its_own_step_checkpoints_stand_for(tmp_path):
+    write_data(tmp_path)
+    proc = train(tmp_path, "--override_config", "train_conf.max_epoch 1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    exp = tmp_path / "exp"
+    # A new batch size from an epoch boundary is fine; this run's step checkpoints then count batches of 4 ...
+    proc = train(tmp_path, "--checkpoint", str(exp / "epoch_0.pt"), "--override_config", "train_conf.max_epoch 2",
+                 "--override_config", "dataset_conf.batch_conf.batch_size 4",
+                 "--override_config", "train_conf.save_interval_steps 3")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    step = sorted(exp.glob("step_*.yaml"), key=lambda p: int(p.stem.split("_")[1]))[0]
+    step_info = yaml.safe_load(open(step))
+    assert step_info["epoch"] == 1 and step_info["batches_in_epoch"] > 0
+    # ... so resuming one of them with batches of 4 continues inside its epoch, and with 8 is refused.
+    proc = train(tmp_path, "--checkpoint", str(step.with_suffix(".pt")), "--override_config",
+                 "train_conf.max_epoch 2", "--override_config", "dataset_conf.batch_conf.batch_size 4")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"epoch 1 after {step_info['batches_in_epoch']} of its batches" in proc.stderr
+    proc = train(tmp_path, "--checkpoint", str(step.with_suffix(".pt")), "--override_config",
+                 "train_conf.max_epoch 2")
+    assert proc.returncode != 0 and "stops inside epoch 1" in proc.stderr

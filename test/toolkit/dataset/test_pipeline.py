@@ -1,5 +1,6 @@
 import json
 import logging
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -8,7 +9,9 @@ import pytest
 import soundfile as sf
 import torch
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, lines_per_rank, resolve_dataset_conf
+from toolkit.dataset import resolve_dataset_conf
+from toolkit.dataset.conf import FbankConf
+from toolkit.dataset.pipeline import build_dataloader, build_dataset, lines_per_rank
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 from toolkit.utils.config import ConfigError
 
@@ -37,6 +40,12 @@ def tokenizer(tmp_path_factory):
     return CharTokenizer(str(path))
 
 
+def batches_of(data_list, tokenizer, conf: dict, **kwargs) -> list:
+    """Every batch of one pass over ``data_list`` with ``conf`` (a partial dataset_conf)."""
+    resolved = resolve_dataset_conf(conf)
+    return list(build_dataloader(build_dataset(data_list, tokenizer, resolved, **kwargs), resolved.dataloader_conf))
+
+
 def collect(loader):
     keys, skipped = [], Counter()
     for batch in loader:
@@ -50,13 +59,14 @@ def test_partition_two_ranks_two_workers_each_key_once(tmp_path, tokenizer):
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"batch_conf": {"batch_size": 3}, "shuffle_conf": {"shuffle_size": 4}, "sort_conf": {"sort_size": 4},
             "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
-    datasets = [build_dataset(data_list, tokenizer, conf, rank=r, world_size=2) for r in range(2)]
+    datasets = [build_dataset(data_list, tokenizer, resolve_dataset_conf(conf), rank=r, world_size=2)
+                for r in range(2)]
     orders = []
     for epoch in range(2):
         per_rank = []
         for dataset in datasets:
             dataset.set_epoch(epoch)
-            keys, skipped = collect(build_dataloader(dataset, conf))
+            keys, skipped = collect(build_dataloader(dataset, resolve_dataset_conf(conf).dataloader_conf))
             assert not skipped
             per_rank.append(keys)
         all_keys = per_rank[0] + per_rank[1]
@@ -72,8 +82,8 @@ def test_persistent_workers_still_reshuffle(tmp_path, tokenizer):
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"sort": False, "batch_conf": {"batch_size": 4},
             "dataloader_conf": {"num_workers": 1, "persistent_workers": True, "prefetch_factor": 2}}
-    dataset = build_dataset(data_list, tokenizer, conf)
-    loader = build_dataloader(dataset, conf)
+    dataset = build_dataset(data_list, tokenizer, resolve_dataset_conf(conf))
+    loader = build_dataloader(dataset, resolve_dataset_conf(conf).dataloader_conf)
     first, second = collect(loader)[0], collect(loader)[0]
     assert sorted(first) == sorted(second) == sorted(e["key"] for e in entries)
     assert first != second
@@ -83,11 +93,11 @@ def test_cv_mode_is_deterministic_without_augmentation(tmp_path, tokenizer):
     entries = kaldi_entries(LJ, "dev")
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"sort": False, "dataloader_conf": {"num_workers": 0}}
-    dataset = build_dataset(data_list, tokenizer, conf, mode="cv")
+    dataset = build_dataset(data_list, tokenizer, resolve_dataset_conf(conf), mode="cv")
     dataset.set_epoch(0)
-    (first,) = list(build_dataloader(dataset, conf))
+    (first,) = list(build_dataloader(dataset, resolve_dataset_conf(conf).dataloader_conf))
     dataset.set_epoch(1)
-    (second,) = list(build_dataloader(dataset, conf))
+    (second,) = list(build_dataloader(dataset, resolve_dataset_conf(conf).dataloader_conf))
     assert first["keys"] == second["keys"] == [e["key"] for e in entries]
     assert torch.equal(first["feats"], second["feats"])  # no dither, no SpecAugment
     assert not (first["feats"][0, :first["feats_lengths"][0]] == 0).any()
@@ -117,7 +127,7 @@ def test_every_bad_input_is_skipped_named_and_counted(tmp_path, tokenizer, caplo
     conf = {"filter_conf": {"max_length": 500}, "batch_conf": {"batch_size": 2},
             "dataloader_conf": {"num_workers": 0}}
     with caplog.at_level(logging.WARNING):
-        batches = list(build_dataloader(build_dataset(data_list, tokenizer, conf), conf))
+        batches = batches_of(data_list, tokenizer, conf)
     keys = [k for b in batches for k in b["keys"]]
     assert sorted(keys) == sorted(e["key"] for e in good)
     total = Counter()
@@ -132,7 +142,7 @@ def test_worker_with_only_bad_samples_yields_empty_batch_with_counts(tmp_path, t
     entries = [{"key": f"gone-{i}", "wav": str(tmp_path / f"gone-{i}.wav"), "txt": "ONE"} for i in range(3)]
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"dataloader_conf": {"num_workers": 1, "prefetch_factor": 2}}
-    (batch,) = list(build_dataloader(build_dataset(data_list, tokenizer, conf), conf))
+    (batch,) = batches_of(data_list, tokenizer, conf)
     assert batch["keys"] == [] and batch["num_skipped"] == {"missing_audio": 3}
     assert batch["feats"].shape == (0, 0, 80) and batch["feats_lengths"].shape == (0,)
 
@@ -142,7 +152,7 @@ def test_dynamic_batches_through_pipeline(tmp_path, tokenizer):
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 400},
             "dataloader_conf": {"num_workers": 0}}
-    batches = list(build_dataloader(build_dataset(data_list, tokenizer, conf), conf))
+    batches = batches_of(data_list, tokenizer, conf)
     assert sum(len(b["keys"]) for b in batches) == 20
     for b in batches:
         assert b["feats"].shape[0] * b["feats"].shape[1] <= 400
@@ -150,7 +160,7 @@ def test_dynamic_batches_through_pipeline(tmp_path, tokenizer):
 
 
 def test_conf_rejects_unknown_keys():
-    with pytest.raises(ValueError, match=r"'fbank'.*fbank_conf"):
+    with pytest.raises(ConfigError, match=r"'fbank'.*fbank_conf"):
         resolve_dataset_conf({"fbank": {}})
     with pytest.raises(ValueError, match=r"'num_mel'.*num_mel_bins"):
         resolve_dataset_conf({"fbank_conf": {"num_mel": 40}})
@@ -161,8 +171,23 @@ def test_conf_rejects_unknown_keys():
     with pytest.raises(ValueError, match="data_type"):
         resolve_dataset_conf({"data_type": "tar"})
     conf = resolve_dataset_conf({"fbank_conf": {"num_mel_bins": 40}})
-    assert conf["fbank_conf"] == {"num_mel_bins": 40, "frame_shift": 10, "frame_length": 25, "dither": 1.0}
-    assert conf["batch_conf"]["batch_size"] == 16
+    assert conf.fbank_conf == FbankConf(num_mel_bins=40, frame_shift=10.0, frame_length=25.0, dither=1.0)
+    assert conf.batch_conf.batch_size == 16
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"spec_aug": "false"}, "dataset_conf.spec_aug: expected true or false, got 'false'"),
+    ({"shuffle_conf": {"shuffle_size": 0}}, "dataset_conf.shuffle_conf.shuffle_size must be an integer >= 1"),
+    ({"fbank_conf": {"dither": -1.0}}, "dataset_conf.fbank_conf.dither must be a non-negative number"),
+    ({"fbank_conf": {"num_mel_bins": 80.5}}, "dataset_conf.fbank_conf.num_mel_bins: expected an integer"),
+    ({"filter_conf": {"max_length": float("nan")}}, "dataset_conf.filter_conf.max_length: expected a finite number"),
+    ({"batch_conf": {"batch_size": True}}, "dataset_conf.batch_conf.batch_size: expected an integer, got True"),
+    ({"speed_perturb_conf": {"speeds": []}}, "speeds must be a non-empty list"),
+    ({"batch_conf": "static"}, "dataset_conf.batch_conf must be a mapping"),
+])
+def test_every_value_is_checked_for_its_type_and_range(given, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_dataset_conf(given)
 
 
 def test_lines_per_rank_and_uneven_partition_log(tmp_path, tokenizer, caplog):
@@ -171,7 +196,8 @@ def test_lines_per_rank_and_uneven_partition_log(tmp_path, tokenizer, caplog):
     assert lines_per_rank(3, 2, 0) == [2, 1]
     data_list = write_list(tmp_path / "data.list", kaldi_entries(FSDD, "dev")[:5])
     with caplog.at_level(logging.INFO):
-        build_dataset(data_list, tokenizer, {"dataloader_conf": {"num_workers": 2}}, rank=0, world_size=2)
+        build_dataset(data_list, tokenizer, resolve_dataset_conf({"dataloader_conf": {"num_workers": 2}}), rank=0,
+                      world_size=2)
     assert "5 lines do not divide evenly over 2 ranks x 2 workers; lines per rank: [3, 2]" in caplog.text
 
 
@@ -180,7 +206,7 @@ def test_raw_segments_read_only_their_span(tmp_path, tokenizer):
     entries = [dict(entry, key="seg-a", start=0.0, end=1.0), dict(entry, key="seg-b", start=1.0, end=3.5)]
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"sort": False, "filter_conf": {"max_output_input_ratio": 10.0}, "dataloader_conf": {"num_workers": 0}}
-    (batch,) = list(build_dataloader(build_dataset(data_list, tokenizer, conf, mode="cv"), conf))
+    (batch,) = batches_of(data_list, tokenizer, conf, mode="cv")
     assert batch["keys"] == ["seg-a", "seg-b"]
     assert batch["feats_lengths"].tolist() == [1 + (16000 - 400) // 160, 1 + (40000 - 400) // 160]
 

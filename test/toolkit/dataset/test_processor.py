@@ -1,3 +1,4 @@
+import dataclasses
 import random
 from collections import Counter
 from pathlib import Path
@@ -9,6 +10,7 @@ import torch
 from scipy.signal import resample_poly
 
 from toolkit.dataset import processor
+from toolkit.dataset.conf import FbankConf, FilterConf
 from toolkit.dataset.processor import SkipSample
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 from toolkit.utils.common import IGNORE_ID
@@ -16,11 +18,14 @@ from toolkit.utils.common import IGNORE_ID
 ROOT = Path(__file__).resolve().parents[3]
 FSDD_WAV = ROOT / "corpora/tiny_fsdd/wav"
 LJ_WAV = ROOT / "corpora/tiny_lj/wav/LJ001-0002.wav"
+FBANK = dataclasses.asdict(FbankConf(dither=0.0))  # the recipe's features without dither
+DITHERED = dict(FBANK, dither=1.0)
+FILTER = dict(dataclasses.asdict(FilterConf()), frame_shift=10.0)
 
 
 def fbank_sample(path, key="utt", label=(2, 3)):
     sample = processor.read_audio({"key": key, "wav": str(path), "txt": "x"})
-    sample = processor.compute_fbank(sample, dither=0.0)
+    sample = processor.compute_fbank(sample, **FBANK)
     return dict(sample, label=list(label))
 
 
@@ -34,22 +39,22 @@ def test_fbank_shape_follows_kaldi_snip_edges():
     sample = processor.read_audio({"key": "LJ001-0002", "wav": str(LJ_WAV), "txt": ""})
     num_samples = sample["waveform"].shape[0]
     assert sample["sample_rate"] == 16000 and sample["waveform"].dtype == np.float32
-    out = processor.compute_fbank(sample, num_mel_bins=80, frame_length=25, frame_shift=10, dither=0.0)
+    out = processor.compute_fbank(sample, **FBANK)
     assert "waveform" not in out and "waveform" in sample
     assert out["feat"].dtype == torch.float32
     assert out["feat"].shape == (1 + (num_samples - 400) // 160, 80)
     # Log mel energies of int16-scaled speech: well above the log floor, finite.
     assert torch.isfinite(out["feat"]).all() and out["feat"].mean() > 5
-    again = processor.compute_fbank(sample, dither=0.0)["feat"]
+    again = processor.compute_fbank(sample, **FBANK)["feat"]
     assert torch.equal(out["feat"], again)
-    dithered = processor.compute_fbank(sample, dither=1.0, rng=random.Random(3))["feat"]
+    dithered = processor.compute_fbank(sample, **DITHERED, rng=random.Random(3))["feat"]
     assert not torch.equal(out["feat"], dithered)
     assert (out["feat"] - dithered).abs().mean() < 0.1
     # The dither comes from the pipeline's seeded generator: same seed, same features (exact resume relies on it).
-    assert torch.equal(dithered, processor.compute_fbank(sample, dither=1.0, rng=random.Random(3))["feat"])
-    assert not torch.equal(dithered, processor.compute_fbank(sample, dither=1.0, rng=random.Random(4))["feat"])
+    assert torch.equal(dithered, processor.compute_fbank(sample, **DITHERED, rng=random.Random(3))["feat"])
+    assert not torch.equal(dithered, processor.compute_fbank(sample, **DITHERED, rng=random.Random(4))["feat"])
     with pytest.raises(ValueError, match="rng"):
-        processor.compute_fbank(sample, dither=1.0)
+        processor.compute_fbank(sample, **DITHERED)
 
 
 def test_fbank_matches_kaldi_native_fbank_on_real_speech():
@@ -58,7 +63,7 @@ def test_fbank_matches_kaldi_native_fbank_on_real_speech():
 
     for path in [LJ_WAV] + sorted(FSDD_WAV.glob("*.wav"))[:3]:
         sample = processor.read_audio({"key": path.stem, "wav": str(path), "txt": ""})
-        ours = processor.compute_fbank(sample)["feat"]
+        ours = processor.compute_fbank(sample, **FBANK)["feat"]
         opts = knf.FbankOptions()
         opts.frame_opts.dither = 0.0
         opts.mel_opts.num_bins = 80
@@ -92,7 +97,7 @@ def test_resample_44k_to_16k_keeps_duration(tmp_path):
 def test_speed_perturb_changes_length_by_factor():
     sample = processor.read_audio({"key": "lj", "wav": str(LJ_WAV), "txt": ""})
     n = sample["waveform"].shape[0]
-    lengths = {round(processor.speed_perturb(sample, random.Random(s))["waveform"].shape[0] * 100 / n)
+    lengths = {round(processor.speed_perturb(sample, random.Random(s), speeds=[0.9, 1.0, 1.1])["waveform"].shape[0] * 100 / n)
                for s in range(20)}
     assert lengths == {91, 100, 111}
 
@@ -213,10 +218,10 @@ def test_tokenize_and_filter_reasons(tmp_path):
     table = tmp_path / "units.txt"
     write_symbol_table(["E", "N", "O", "▁"], str(table))
     tok = CharTokenizer(str(table))
-    assert processor.tokenize({"txt": "ONE"}, tok)["label"] == [4, 3, 2]
+    assert processor.tokenize({"txt": "ONE"}, tok, max_unk_ratio=0.0)["label"] == [4, 3, 2]
     for txt, reason in (("  ", "empty_text"), ("TWO", "unknown_token"), ("TW XY", "all_unknown")):
         with pytest.raises(SkipSample) as info:
-            processor.tokenize({"txt": txt}, tok)
+            processor.tokenize({"txt": txt}, tok, max_unk_ratio=0.0)
         assert info.value.reason == reason
     assert processor.tokenize({"txt": "TWO ONE"}, tok, max_unk_ratio=0.4)["label"] == [1, 1, 4, 5, 4, 3, 2]
     with pytest.raises(SkipSample, match="unknown_token"):
@@ -224,21 +229,21 @@ def test_tokenize_and_filter_reasons(tmp_path):
     with pytest.raises(SkipSample, match="all_unknown"):
         processor.tokenize({"txt": "TW XY"}, tok, max_unk_ratio=1.0)
     sample = {"waveform": np.zeros(16000, dtype=np.float32), "sample_rate": 16000, "label": [2, 3, 4]}  # 100 frames
-    assert processor.filter_sample(sample) is sample
+    assert processor.filter_sample(sample, **FILTER) is sample
     cases = [({"min_length": 101}, "too_short"), ({"max_length": 99}, "too_long"),
              ({"token_min_length": 4}, "too_few_tokens"), ({"token_max_length": 2}, "too_many_tokens"),
              ({"min_output_input_ratio": 0.04}, "ratio_too_small"),
              ({"max_output_input_ratio": 0.02}, "ratio_too_large")]
     for conf, reason in cases:
         with pytest.raises(SkipSample) as info:
-            processor.filter_sample(sample, **conf)
+            processor.filter_sample(sample, **{**FILTER, **conf})
         assert info.value.reason == reason
 
 
 def test_fbank_of_audio_shorter_than_a_frame_is_skipped():
     sample = {"key": "k", "waveform": np.full(399, 0.1, dtype=np.float32), "sample_rate": 16000}
     with pytest.raises(SkipSample, match="too_short"):
-        processor.compute_fbank(sample)
+        processor.compute_fbank(sample, **FBANK)
 
 
 def test_map_skipping_logs_key_and_counts(caplog):
@@ -263,9 +268,9 @@ def test_filter_on_real_speech(tmp_path):
     sample = processor.read_audio({"key": "lj", "wav": str(LJ_WAV), "txt": ""})
     frames = sample["waveform"].shape[0] / 160
     sample = dict(sample, label=list(range(2, 40)))
-    assert processor.filter_sample(sample, max_length=frames + 1) is sample
+    assert processor.filter_sample(sample, **{**FILTER, "max_length": frames + 1}) is sample
     with pytest.raises(SkipSample, match="too_long"):
-        processor.filter_sample(sample, max_length=frames - 1)
+        processor.filter_sample(sample, **{**FILTER, "max_length": frames - 1})
 
 
 def test_bucket_batch_groups_by_length(fsdd_samples):

@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 
 from toolkit.dataset import processor
+from toolkit.dataset import resolve_dataset_conf
 from toolkit.dataset.pipeline import build_dataloader, build_dataset
 from toolkit.dataset.shard import read_shards, write_shard
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
@@ -137,7 +138,8 @@ def test_raw_and_shard_give_identical_utterances_with_dynamic_batches(tmp_path, 
         conf = {"data_type": data_type, "batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 1500},
                 "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
         keys, skipped, frames = [], Counter(), 0
-        for batch in build_dataloader(build_dataset(str(data_list), tokenizer, conf), conf):
+        resolved = resolve_dataset_conf(conf)
+        for batch in build_dataloader(build_dataset(str(data_list), tokenizer, resolved), resolved.dataloader_conf):
             keys += batch["keys"]
             skipped.update(batch["num_skipped"])
             frames += int(batch["feats_lengths"].sum())
@@ -153,7 +155,9 @@ def test_bucket_batching_through_the_shard_pipeline(tmp_path, entries, tokenizer
     (tmp_path / "shard.list").write_text(str(tmp_path / "s.tar") + "\n")
     conf = {"data_type": "shard", "dataloader_conf": {"num_workers": 0},
             "batch_conf": {"batch_type": "bucket", "bucket_boundaries": [300], "bucket_batch_sizes": [3, 2]}}
-    batches = list(build_dataloader(build_dataset(str(tmp_path / "shard.list"), tokenizer, conf), conf))
+    resolved = resolve_dataset_conf(conf)
+    batches = list(build_dataloader(build_dataset(str(tmp_path / "shard.list"), tokenizer, resolved),
+                                    resolved.dataloader_conf))
     assert sorted(k for b in batches for k in b["keys"]) == sorted(e["key"] for e in entries)
     for b in batches:
         short = bool(b["feats_lengths"].max() < 300)

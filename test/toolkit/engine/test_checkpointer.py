@@ -14,7 +14,8 @@ from toolkit.engine import init_engine
 from toolkit.engine.checkpointer import Checkpointer, checkpoints_to_delete
 from toolkit.engine.executor import EpochStats, RunningEpochStats, TrainProgress
 from toolkit.utils.checkpoint import EXTRA_KEY, delete_checkpoint, load_checkpoint, save_checkpoint
-from toolkit.utils.config import ConfigError, resolve_train_conf
+from toolkit.engine.train_conf import resolve_train_conf
+from toolkit.utils.config import ConfigError
 from toolkit.utils.rng import RngState
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 
@@ -61,7 +62,7 @@ def make_engine(ctx):
 
 
 def test_hooks_round_trip_main_and_per_rank_state(one_rank, tmp_path):
-    conf = resolve_train_conf({"train_conf": {"save_interval_steps": 3}})
+    conf = resolve_train_conf({"save_interval_steps": 3})
     checkpointer = Checkpointer(make_engine(one_rank), str(tmp_path), conf)
     progress, running = TrainProgress(epoch=1, step=6, batches_in_epoch=2, data_seed=5), RunningEpochStats()
     running.stats = EpochStats(num_batches=2, num_utts=7, loss_sum=3.5)
@@ -106,7 +107,7 @@ def test_per_rank_state_of_another_world_size_is_not_restored(one_rank, tmp_path
 
 def test_minutes_interval_follows_the_clock_and_retention_deletes(one_rank, tmp_path, caplog):
     now = [0.0]
-    conf = resolve_train_conf({"train_conf": {"save_interval_minutes": 1.0, "keep_last_n": 1, "keep_best_n": 0}})
+    conf = resolve_train_conf({"save_interval_minutes": 1.0, "keep_last_n": 1, "keep_best_n": 0})
     checkpointer = Checkpointer(make_engine(one_rank), str(tmp_path), conf, clock=lambda: now[0])
     now[0] = 59.0
     assert not checkpointer.step_due(1)
@@ -124,4 +125,4 @@ def test_minutes_interval_follows_the_clock_and_retention_deletes(one_rank, tmp_
                                        ("save_interval_minutes", -0.5), ("keep_best_n", True)])
 def test_bad_checkpoint_keys_are_config_errors(key, value):
     with pytest.raises(ConfigError, match=key):
-        resolve_train_conf({"train_conf": {key: value}})
+        resolve_train_conf({key: value})

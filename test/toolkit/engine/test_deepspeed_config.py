@@ -1,5 +1,6 @@
 """The one validator between the DeepSpeed JSON and the training YAML, and the shard-file naming."""
 
+import dataclasses
 import os
 
 import pytest
@@ -7,12 +8,13 @@ import pytest
 from toolkit.distributed.context import DistContext
 from toolkit.engine import init_engine
 from toolkit.engine.deepspeed import check_deepspeed_config, expected_shard_files, load_deepspeed_config
-from toolkit.dataset.pipeline import resolve_dataset_conf
-from toolkit.utils.config import ConfigError, load_config, resolve_train_conf
+from toolkit.config import read_config
+from toolkit.engine.train_conf import resolve_train_conf
+from toolkit.utils.config import ConfigError
 
 RECIPE_CONF = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf")
-TRAIN_CONF = resolve_train_conf({"train_conf": {"accum_grad": 4, "grad_clip": 5.0, "dtype": "bf16"}})
-STATIC = {"batch_type": "static", "batch_size": 16}
+TRAIN_CONF = resolve_train_conf({"accum_grad": 4, "grad_clip": 5.0, "dtype": "bf16"})
+STATIC = 16  # a static batch of 16 utterances
 
 
 def test_absent_keys_are_filled_from_the_yaml():
@@ -37,7 +39,7 @@ def test_each_mismatch_names_both_values():
 
 
 def test_dynamic_batches_skip_the_micro_batch_pair_and_optimizer_sections_are_refused():
-    conf = check_deepspeed_config({}, TRAIN_CONF, {"batch_type": "dynamic", "max_frames_in_batch": 12000})
+    conf = check_deepspeed_config({}, TRAIN_CONF, None)  # dynamic batches: no micro batch size
     assert conf["train_micro_batch_size_per_gpu"] == 1
     with pytest.raises(ConfigError, match="'optimizer' is not allowed"):
         check_deepspeed_config({"optimizer": {"type": "Adam"}}, TRAIN_CONF, STATIC)
@@ -50,16 +52,15 @@ def test_dynamic_batches_skip_the_micro_batch_pair_and_optimizer_sections_are_re
 def test_shipped_json_agrees_with_the_recipe_yaml(stage, yaml_name):
     # The recipe pairs each shipped JSON with its YAMLs (run.sh --train_engine deepspeed): the JSON's values must
     # agree with what the YAML says, and what the JSON leaves out is taken from the YAML.
-    configs = load_config(os.path.join(RECIPE_CONF, yaml_name))
-    train_conf = resolve_train_conf(configs)
-    batch_conf = resolve_dataset_conf(configs["dataset_conf"])["batch_conf"]
+    config = read_config(os.path.join(RECIPE_CONF, yaml_name))
+    train_conf, batch_conf = config.train_conf, config.dataset_conf.batch_conf
     ds = load_deepspeed_config(os.path.join(RECIPE_CONF, f"ds_stage{stage}.json"))
-    conf = check_deepspeed_config(ds, train_conf, batch_conf)
+    conf = check_deepspeed_config(ds, train_conf, batch_conf.batch_size)
     assert conf["zero_optimization"]["stage"] == stage
-    assert conf["train_micro_batch_size_per_gpu"] == batch_conf["batch_size"]
-    assert conf["gradient_accumulation_steps"] == train_conf["accum_grad"]
-    assert conf["gradient_clipping"] == train_conf["grad_clip"]
-    assert conf["bf16"]["enabled"] == (train_conf["dtype"] == "bf16")
+    assert conf["train_micro_batch_size_per_gpu"] == batch_conf.batch_size
+    assert conf["gradient_accumulation_steps"] == train_conf.accum_grad
+    assert conf["gradient_clipping"] == train_conf.grad_clip
+    assert conf["bf16"]["enabled"] == (train_conf.dtype == "bf16")
 
 
 def test_bad_json_and_wrong_engine_are_config_errors(tmp_path):
@@ -84,10 +85,10 @@ def test_shard_file_names():
 
 
 def test_monitored_barrier_join_refuses_zero_accumulation():
-    monitored = dict(TRAIN_CONF, join_mode="monitored_barrier")
+    monitored = dataclasses.replace(TRAIN_CONF, join_mode="monitored_barrier")
     with pytest.raises(ConfigError, match="join_mode flag"):
         check_deepspeed_config({"zero_optimization": {"stage": 2}}, monitored, STATIC)
     # accum_grad 1, ZeRO-0 or the flag join are fine.
-    check_deepspeed_config({"zero_optimization": {"stage": 2}}, dict(monitored, accum_grad=1), STATIC)
+    check_deepspeed_config({"zero_optimization": {"stage": 2}}, dataclasses.replace(monitored, accum_grad=1), STATIC)
     check_deepspeed_config({"zero_optimization": {"stage": 0}}, monitored, STATIC)
     check_deepspeed_config({"zero_optimization": {"stage": 2}}, TRAIN_CONF, STATIC)

@@ -3,15 +3,17 @@ import json
 import pytest
 import torch
 
+from toolkit.config import Config
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import ASRModel
 from toolkit.models.transformer.cmvn import GlobalCMVN
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
 
 
-def _config(**overrides) -> dict:
+def _config(**overrides) -> Config:
+    """Model sections of a config (input_dim 80 and vocab_size 30 are init_model's own arguments)."""
     config = dict(
-        input_dim=80, output_dim=30, cmvn=None,
+        cmvn=None,
         encoder="conformer",
         encoder_conf=dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=1,
                           dropout_rate=0.1, positional_dropout_rate=0.1,
@@ -26,14 +28,14 @@ def _config(**overrides) -> dict:
                           src_attention_dropout_rate=0.0),
         model_conf=dict(ctc_weight=0.3, lsm_weight=0.1, length_normalized_loss=False))
     config.update(overrides)
-    return config
+    return Config(**config)
 
 
 def test_builds_conformer_with_global_cmvn_from_stats_file(tmp_path):
     path = tmp_path / "global_cmvn"
     path.write_text(json.dumps({"mean_stat": [20.0] * 80, "var_stat": [404.0] * 80,
                                 "frame_num": 2}))
-    model = init_model(_config(cmvn="global_cmvn", cmvn_conf={"cmvn_file": str(path)}))
+    model = init_model(_config(cmvn="global_cmvn", cmvn_conf={"cmvn_file": str(path)}), 80, 30)
     assert isinstance(model, ASRModel) and isinstance(model.encoder, ConformerEncoder)
     assert model.sos == model.eos == 29 and model.ctc_weight == 0.3
     cmvn = model.encoder.global_cmvn
@@ -48,33 +50,33 @@ def test_builds_conformer_with_global_cmvn_from_stats_file(tmp_path):
 def test_transformer_encoder_without_cmvn():
     encoder_conf = dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=1,
                         pos_enc_layer_type="abs_pos", selfattention_layer_type="selfattn")
-    model = init_model(_config(encoder="transformer", encoder_conf=encoder_conf))
+    model = init_model(_config(encoder="transformer", encoder_conf=encoder_conf), 80, 30)
     assert isinstance(model.encoder, TransformerEncoder)
     assert model.encoder.global_cmvn is None
 
 
 def test_unknown_encoder_name_lists_choices():
     with pytest.raises(ValueError, match=r"\['conformer', 'transformer'\]"):
-        init_model(_config(encoder="lstm"))
+        init_model(_config(encoder="lstm"), 80, 30)
     with pytest.raises(ValueError, match=r"\['transformer'\]"):
-        init_model(_config(decoder="rnn"))
+        init_model(_config(decoder="rnn"), 80, 30)
     with pytest.raises(ValueError, match="global_cmvn"):
-        init_model(_config(cmvn="utterance_cmvn"))
+        init_model(_config(cmvn="utterance_cmvn"), 80, 30)
 
 
 def test_unknown_conf_key_lists_valid_keys():
     config = _config()
-    config["encoder_conf"]["num_layers"] = 2
+    config.encoder_conf["num_layers"] = 2
     with pytest.raises(ValueError, match="num_layers.*num_blocks"):
-        init_model(config)
+        init_model(config, 80, 30)
     config = _config(model_conf=dict(ctc_weight=0.3, lsm=0.1))
     with pytest.raises(ValueError, match="lsm_weight"):
-        init_model(config)
+        init_model(config, 80, 30)
     # Keys filled in by init_model itself are not accepted from the config either.
     config = _config()
-    config["decoder_conf"]["vocab_size"] = 10
+    config.decoder_conf["vocab_size"] = 10
     with pytest.raises(ValueError, match="vocab_size"):
-        init_model(config)
+        init_model(config, 80, 30)
 
 
 def test_scripted_encoder_and_decoder_with_cmvn_match_eager(tmp_path, tiny_fsdd):
@@ -82,7 +84,7 @@ def test_scripted_encoder_and_decoder_with_cmvn_match_eager(tmp_path, tiny_fsdd)
     path.write_text(json.dumps({"mean_stat": [30.0] * 80, "var_stat": [500.0] * 80,
                                 "frame_num": 2}))
     torch.manual_seed(0)
-    model = init_model(_config(cmvn="global_cmvn", cmvn_conf={"cmvn_file": str(path)})).eval()
+    model = init_model(_config(cmvn="global_cmvn", cmvn_conf={"cmvn_file": str(path)}), 80, 30).eval()
     feats, lengths = tiny_fsdd.batch(["george-0-01", "nicolas-6-00"])
     encoder = torch.jit.script(model.encoder)
     decoder = torch.jit.script(model.decoder)

@@ -38,3 +38,26 @@ def test_failed_write_keeps_the_previous_file(tmp_path):
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(2))
     assert load_info(path)["epoch"] == 0
     assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []
+
+
+def test_a_crash_while_overwriting_never_pairs_new_weights_with_the_old_metadata(tmp_path, monkeypatch):
+    import toolkit.utils.checkpoint as checkpoint
+
+    path = str(tmp_path / "epoch_3.pt")
+    save_checkpoint(path, {"model": {"w": torch.ones(2)}}, {"epoch": 3, "cv_loss": 9.0})
+    writes = []
+
+    def crash_at_the_yaml(target, write, mode="wb", before_replace=None):
+        writes.append(os.path.basename(target))
+        if target.endswith(".yaml"):
+            raise KeyboardInterrupt("killed before the commit marker")
+        real_atomic_write(target, write, mode, before_replace)
+
+    real_atomic_write = checkpoint.atomic_write
+    monkeypatch.setattr(checkpoint, "atomic_write", crash_at_the_yaml)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, {"model": {"w": torch.zeros(2)}}, {"epoch": 3, "cv_loss": 4.0})
+    assert writes == ["epoch_3.pt", "epoch_3.yaml"]
+    assert list_checkpoints(str(tmp_path)) == []  # the new weights are not committed, and nothing claims they are
+    with pytest.raises(FileNotFoundError, match="never finished"):
+        load_checkpoint(path)

@@ -74,6 +74,12 @@ class ASRModel(nn.Module):
         self.criterion_att = LabelSmoothingLoss(vocab_size, lsm_weight, IGNORE_ID,
                                                 length_normalized_loss)
 
+    @property
+    def has_unused_parameters(self) -> bool:
+        """True when a branch gets no gradient (``ctc_weight`` 0 or 1): DDP must then be told
+        (``find_unused_parameters``)."""
+        return not 0.0 < self.ctc_weight < 1.0
+
     def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor, target: torch.Tensor,
                 target_lengths: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
         """Training loss for a batch.

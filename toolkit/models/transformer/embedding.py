@@ -52,7 +52,9 @@ class PositionalEncoding(nn.Module):
         Raises:
             RuntimeError: T exceeds ``max_len`` (shape mismatch in the addition).
         """
-        pos_emb = self.pe[:, : x.size(1)]
+        # NOTE: the table in x's dtype: with bf16 weights (DeepSpeed bf16) a float32 sum would meet a bf16
+        # LayerNorm next, which the CPU refuses ("mixed dtype").
+        pos_emb = self.pe[:, : x.size(1)].to(x.dtype)
         x = x * self.xscale + pos_emb
         return self.dropout(x), self.dropout(pos_emb)
 
@@ -93,5 +95,5 @@ class RelPositionalEncoding(nn.Module):
         if time > self.max_len:
             raise RuntimeError(f"sequence of {time} frames exceeds max_len {self.max_len}")
         center = self.max_len - 1
-        pos_emb = self.pe[:, center - time + 1: center + time]
+        pos_emb = self.pe[:, center - time + 1: center + time].to(x.dtype)  # see PositionalEncoding
         return self.dropout(x * self.xscale), self.dropout(pos_emb)

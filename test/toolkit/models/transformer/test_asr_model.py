@@ -1,8 +1,9 @@
 import pytest
 import torch
 
+from toolkit.config import Config
 from toolkit.models.registry import init_model
-from toolkit.models.transformer.asr_model import DECODING_METHODS, add_sos_eos
+from toolkit.models.transformer.asr_model import DECODING_METHODS, ASRModel, add_sos_eos
 from toolkit.utils.common import IGNORE_ID
 
 # Four different speakers and words; the shortest (0.33 s) still has 7 encoder frames for the
@@ -10,16 +11,16 @@ from toolkit.utils.common import IGNORE_ID
 KEYS = ["george-0-01", "jackson-1-00", "lucas-2-01", "nicolas-3-00"]
 
 
-def _config(vocab_size: int, ctc_weight: float, encoder: str = "conformer") -> dict:
+def _model(vocab_size: int, ctc_weight: float, encoder: str = "conformer") -> ASRModel:
     encoder_conf = dict(output_size=64, attention_heads=2, linear_units=128, num_blocks=2,
                         dropout_rate=0.0, positional_dropout_rate=0.0)
     if encoder == "conformer":
         encoder_conf["cnn_module_kernel"] = 7
-    return dict(input_dim=80, output_dim=vocab_size, cmvn=None, encoder=encoder,
-                encoder_conf=encoder_conf, decoder="transformer",
-                decoder_conf=dict(attention_heads=2, linear_units=128, num_blocks=1,
-                                  dropout_rate=0.0, positional_dropout_rate=0.0),
-                model_conf=dict(ctc_weight=ctc_weight, lsm_weight=0.1))
+    config = Config(cmvn=None, encoder=encoder, encoder_conf=encoder_conf, decoder="transformer",
+                    decoder_conf=dict(attention_heads=2, linear_units=128, num_blocks=1,
+                                      dropout_rate=0.0, positional_dropout_rate=0.0),
+                    model_conf=dict(ctc_weight=ctc_weight, lsm_weight=0.1))
+    return init_model(config, 80, vocab_size)
 
 
 def _batch(tiny_fsdd):
@@ -46,7 +47,7 @@ def test_add_sos_eos():
 def test_hybrid_loss_is_weighted_sum(tiny_fsdd, encoder):
     feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
     torch.manual_seed(0)
-    model = init_model(_config(len(vocab), 0.3, encoder))
+    model = _model(len(vocab), 0.3, encoder)
     out = model(feats, lengths, target, target_lengths)
     assert out["loss"].dim() == 0 and out["loss"].requires_grad
     assert torch.allclose(out["loss"], 0.3 * out["loss_ctc"] + 0.7 * out["loss_att"])
@@ -57,17 +58,17 @@ def test_hybrid_loss_is_weighted_sum(tiny_fsdd, encoder):
 
 def test_extreme_ctc_weights_drop_one_branch(tiny_fsdd):
     feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
-    ctc_only = init_model(_config(len(vocab), 1.0))(feats, lengths, target, target_lengths)
+    ctc_only = _model(len(vocab), 1.0)(feats, lengths, target, target_lengths)
     assert ctc_only["loss_att"] is None and ctc_only["th_accuracy"] is None
     assert torch.equal(ctc_only["loss"], ctc_only["loss_ctc"])
-    att_only = init_model(_config(len(vocab), 0.0))(feats, lengths, target, target_lengths)
+    att_only = _model(len(vocab), 0.0)(feats, lengths, target, target_lengths)
     assert att_only["loss_ctc"] is None
     assert torch.equal(att_only["loss"], att_only["loss_att"])
 
 
 def test_unknown_decoding_method_lists_valid_ones(tiny_fsdd):
     feats, lengths, _, _, vocab, _ = _batch(tiny_fsdd)
-    model = init_model(_config(len(vocab), 0.3)).eval()
+    model = _model(len(vocab), 0.3).eval()
     with pytest.raises(ValueError, match="attention_rescoring"):
         model.decode(["beam"], feats, lengths)
 
@@ -75,7 +76,7 @@ def test_unknown_decoding_method_lists_valid_ones(tiny_fsdd):
 def test_overfit_four_utterances_all_decoding_methods(tiny_fsdd):
     feats, lengths, target, target_lengths, vocab, texts = _batch(tiny_fsdd)
     torch.manual_seed(0)
-    model = init_model(_config(len(vocab), 0.3))
+    model = _model(len(vocab), 0.3)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     # Tensors this small gain nothing from intra-op threads, and on a loaded 2-core machine
     # OpenMP threads spinning against other processes make the loop up to 10x slower.

@@ -1,0 +1,47 @@
+"""DeepSpeed through ``toolkit.bin.train`` on real tiny_fsdd speech: bf16 on the CPU trains (both engines autocast the
+same way; the model keeps its buffers in the weights' dtype), plain ``python -m toolkit.bin.train`` without torchrun
+works with DeepSpeed as with DDP, and a ZeRO checkpoint resumed on another number of ranks stops with one line
+instead of DeepSpeed's own traceback."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from .recipe_data import ENV, REPO, TIMEOUT_S, run_standalone, train_args, write_data
+
+DS_STAGE2 = os.path.join(REPO, "examples", "english", "s0", "conf", "ds_stage2.json")
+DEEPSPEED = ["--train_engine", "deepspeed", "--deepspeed_config", DS_STAGE2]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    data = tmp_path_factory.mktemp("data")
+    write_data(data, num_train=16)
+    return data
+
+
+def test_zero2_bf16_on_cpu_trains_and_another_world_size_is_refused_in_one_line(data_dir, tmp_path):
+    exp = tmp_path / "bf16"
+    proc = run_standalone(train_args(data_dir, exp, "train_conf.max_epoch 1", "train_conf.dtype bf16") + DEEPSPEED,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    info = yaml.safe_load(open(exp / "epoch_0.yaml"))
+    assert info["train_utts"] == 16 and math.isfinite(info["train_loss"]) and math.isfinite(info["cv_loss"])
+    # The same checkpoint, one process instead of two: ZeRO's optimizer state is split by rank.
+    plain = [sys.executable] + train_args(data_dir, exp, "train_conf.max_epoch 2", "train_conf.dtype bf16")
+    proc = subprocess.run(plain + DEEPSPEED + ["--checkpoint", str(exp / "epoch_0.pt")], capture_output=True,
+                          text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO)
+    assert proc.returncode == 2
+    assert "written by 2 ranks and resumes on that many only" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plain_python_without_torchrun_trains_with_deepspeed(data_dir, tmp_path):
+    exp = tmp_path / "plain"
+    cmd = [sys.executable] + train_args(data_dir, exp, "train_conf.max_epoch 1") + DEEPSPEED
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert yaml.safe_load(open(exp / "epoch_0.yaml"))["train_utts"] == 16

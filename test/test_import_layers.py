@@ -1,0 +1,31 @@
+"""Data flows one way: the import contract in ``.importlinter`` (checked by import-linter) holds, and the scripts
+in ``tools/`` reach the code only through the installed package (no ``sys.path`` edits, no imports of each other)."""
+
+import ast
+import glob
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_import_contract_is_kept():
+    lint = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+    proc = subprocess.run([lint, "--config", os.path.join(REPO, ".importlinter")], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    print(proc.stdout[-2000:])
+    assert proc.returncode == 0 and "1 kept, 0 broken" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_tools_import_only_the_package():
+    tools = sorted(glob.glob(os.path.join(REPO, "tools", "*.py")) + glob.glob(os.path.join(REPO, "tools", "*", "*.py")))
+    names = {os.path.basename(t)[:-3] for t in tools}
+    for path in tools:
+        source = open(path, encoding="utf-8").read()
+        assert "sys.path" not in source, f"{path} edits sys.path; import the installed package instead"
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for module in modules:
+                    assert module.split(".")[0] not in names, f"{path} imports the tool {module}"

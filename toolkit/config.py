@@ -1,0 +1,71 @@
+"""The training config (``conf/*.yaml``, saved as ``train.yaml`` in the model dir): read, overridden and resolved
+once, by :func:`read_config`, into a :class:`Config` that the trainer, the decoder and the tools pass down.
+
+Each section is owned by the code that consumes it: ``train_conf`` by the trainer
+(:class:`~toolkit.engine.train_conf.TrainConf`), ``dataset_conf`` by the data pipeline
+(:class:`~toolkit.dataset.conf.DatasetConf`); the model sections (``encoder``/``decoder`` + ``*_conf``,
+``model_conf``, ``cmvn``) are checked against the constructors by :func:`toolkit.models.registry.init_model`,
+``tokenizer_conf`` by :func:`toolkit.text.tokenizer.init_tokenizer` and ``optim_conf``/``scheduler_conf`` by
+:func:`toolkit.utils.scheduler.init_optimizer_and_scheduler`. The model's input size is
+``dataset_conf.fbank_conf.num_mel_bins`` and its vocabulary size the tokenizer's, so neither is written twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from toolkit.dataset.conf import DatasetConf, fill_dataset_defaults
+from toolkit.engine.train_conf import TrainConf, fill_train_defaults
+from toolkit.utils.config import apply_overrides, load_config, save_config, typed
+
+
+@dataclass
+class Config:
+    """A whole training config, typed. Model, tokenizer and optimizer sections stay mappings of constructor
+    keyword arguments (checked where they are used); ``dataset_conf`` and ``train_conf`` are typed sections."""
+
+    encoder: str = "conformer"
+    encoder_conf: dict = field(default_factory=dict)
+    decoder: str = "transformer"
+    decoder_conf: dict = field(default_factory=dict)
+    model_conf: dict = field(default_factory=dict)
+    cmvn: Optional[str] = None
+    cmvn_conf: dict = field(default_factory=dict)
+    tokenizer: str = "char"
+    tokenizer_conf: dict = field(default_factory=dict)
+    dataset_conf: DatasetConf = field(default_factory=DatasetConf)
+    optim: str = "adam"
+    optim_conf: dict = field(default_factory=dict)
+    scheduler: str = "warmuplr"
+    scheduler_conf: dict = field(default_factory=dict)
+    train_conf: TrainConf = field(default_factory=TrainConf)
+
+    @property
+    def input_dim(self) -> int:
+        """D, the fbank bins the model reads."""
+        return self.dataset_conf.fbank_conf.num_mel_bins
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str) -> None:
+        """Write the resolved config (every default filled in) as YAML: it alone rebuilds the run's model."""
+        save_config(self.to_dict(), path)
+
+
+def read_config(path: str, overrides: list[str] = ()) -> Config:
+    """Read ``path``, apply the ``--override_config`` items, and resolve every section once.
+
+    Every key of :class:`Config` and of the typed sections can be overridden even when the YAML leaves it out; a
+    mapping value is merged into the section it replaces (see :func:`toolkit.utils.config.apply_overrides`).
+
+    Raises:
+        ConfigError: the file is missing or not YAML, an override is malformed or names an unknown key, or a key
+            or value of a section is wrong (one line naming it).
+    """
+    given = load_config(path)
+    raw = {**Config().to_dict(), **given, "dataset_conf": fill_dataset_defaults(given.get("dataset_conf")),
+           "train_conf": fill_train_defaults(given.get("train_conf"))}
+    return typed(Config, apply_overrides(raw, list(overrides)), "")

@@ -1,0 +1,76 @@
+"""``train_conf``: the trainer's typed settings (epochs, accumulation, clipping, precision, checkpoints, join).
+
+Built from the YAML's ``train_conf`` by :func:`resolve_train_conf` (through :func:`toolkit.utils.config.typed`):
+keys it leaves out take the defaults below, an unknown key or a wrongly typed or out-of-range value stops with a
+one-line :class:`~toolkit.utils.config.ConfigError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Optional
+
+from toolkit.distributed.join import JOIN_MODES
+from toolkit.utils.config import fill_defaults, require, typed
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainConf:
+    """Attributes:
+        max_epoch: epochs to train.
+        accum_grad: micro-batches per optimizer step (gradient accumulation).
+        grad_clip: max global L2 norm of the gradients; 0 disables clipping (the norm is still logged).
+        log_interval: optimizer steps between log lines and tensorboard points.
+        dtype: ``fp32``, ``bf16`` (autocast) or ``fp16`` (GPU only, with loss scaling).
+        seed: torch seed and the data shuffle's seed.
+        save_interval_steps, save_interval_minutes: also save a ``step_N`` checkpoint every N optimizer steps / M
+            minutes of rank 0's clock (0 disables; see :mod:`toolkit.engine.checkpointer`).
+        keep_last_n: keep only the newest N ``step_*``/``epoch_*`` checkpoints (0 keeps all) ...
+        keep_best_n: ... and never delete the N epochs with the lowest cv_loss (what averaging picks).
+        join_mode, join_timeout_s: how ranks with uneven data stop together (:mod:`toolkit.distributed.join`);
+            the timeout (seconds) is used by ``monitored_barrier`` only.
+    """
+
+    SECTION: ClassVar[str] = "train_conf"
+    max_epoch: int = 10
+    accum_grad: int = 1
+    grad_clip: float = 5.0
+    log_interval: int = 20
+    dtype: Literal[PRECISIONS] = "fp32"
+    seed: int = 777
+    save_interval_steps: int = 0
+    save_interval_minutes: float = 0.0
+    keep_last_n: int = 0
+    keep_best_n: int = 5
+    join_mode: Literal[JOIN_MODES] = "flag"
+    join_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        for key in ("max_epoch", "accum_grad", "log_interval"):
+            require(getattr(self, key) >= 1, f"train_conf.{key}", "a positive integer", getattr(self, key))
+        for key in ("save_interval_steps", "keep_last_n", "keep_best_n"):
+            require(getattr(self, key) >= 0, f"train_conf.{key}", "a non-negative integer (0 disables)",
+                    getattr(self, key))
+        require(self.grad_clip >= 0, "train_conf.grad_clip", "a non-negative number (0 disables clipping)",
+                self.grad_clip)
+        require(self.save_interval_minutes >= 0, "train_conf.save_interval_minutes", "a non-negative number",
+                self.save_interval_minutes)
+        require(self.join_timeout_s > 0, "train_conf.join_timeout_s", "a positive number of seconds",
+                self.join_timeout_s)
+
+
+def resolve_train_conf(given: Optional[dict]) -> TrainConf:
+    """The typed ``train_conf`` from the YAML's dict (None or partial: defaults fill the rest).
+
+    Raises:
+        ConfigError: an unknown key (the valid ones are listed), a value of the wrong type (``max_epoch: true``,
+            ``grad_clip: nan``), a choice not offered (``dtype``, ``join_mode``) or a value out of range.
+    """
+    return typed(TrainConf, given, "train_conf")
+
+
+def fill_train_defaults(given: Optional[dict]) -> dict:
+    """``given`` with every key the YAML leaves out set to its default (unchecked), so that an override can set it."""
+    return fill_defaults(TrainConf, given)
