@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from toolkit.dataset.pipeline import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
-from toolkit.text.tokenizer import init_tokenizer
+from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 from toolkit.utils.config import apply_overrides, exit_on_config_error, load_config
 
@@ -70,6 +70,7 @@ def main(argv=None) -> None:
     configs = apply_overrides(load_config(args.config), args.override_config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = init_tokenizer(configs["tokenizer"], configs["tokenizer_conf"])
+    check_model_fits_table(tokenizer, configs.get("output_dim"), args.config)
     dataset = build_dataset(args.test_data, tokenizer, test_dataset_conf(configs["dataset_conf"], args.batch_size),
                             mode="test")
     loader = build_dataloader(dataset, configs["dataset_conf"])
