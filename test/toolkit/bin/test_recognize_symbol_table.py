@@ -33,7 +33,8 @@ def make_model(tmp_path):
     yaml.safe_dump(conf, open(tmp_path / "train.yaml", "w"))
     with open(tmp_path / "test.list", "w") as f:
         for key in ("theo-0-00", "theo-1-00"):
-            f.write(json.dumps({"key": key, "wav": str(ROOT / f"corpora/tiny_fsdd/wav/{key}.wav"), "txt": "ZERO"}) + "\n")
+            wav = str(ROOT / f"corpora/tiny_fsdd/wav/{key}.wav")
+            f.write(json.dumps({"key": key, "wav": wav, "txt": "ZERO"}) + "\n")
 
 
 def decode(tmp_path, table):
