@@ -18,6 +18,7 @@ Tags: ``epoch_{N}`` after epoch N, ``step_{N}`` after optimizer step N inside an
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 import shutil
@@ -94,6 +95,15 @@ def load_info(path: str) -> dict[str, Any]:
     """Read the metadata YAML of checkpoint ``path`` (``x.pt`` or ``x.yaml``)."""
     with open(re.sub(r"\.pt$", ".yaml", path), encoding="utf-8") as f:
         return yaml.safe_load(f) or {}
+
+
+def finite_cv_loss(info: dict[str, Any]) -> float | None:
+    """The ``cv_loss`` of a checkpoint's YAML (:func:`load_info`) as a float, or None when it is missing, not a
+    number, NaN or infinite: such a checkpoint never ranks among the best (``--val_best``, ``keep_best_n``)."""
+    value = info.get("cv_loss")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def list_checkpoints(model_dir: str, pattern: str = "epoch_*.pt") -> list[str]:
