@@ -29,14 +29,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 from typing import Any
 
 import torch
 import yaml
 
-from toolkit.utils.checkpoint import (MODEL_KEY, finite_cv_loss, list_checkpoints, load_checkpoint, load_info,
-                                      save_checkpoint)
+from toolkit.utils.checkpoint import (MODEL_KEY, checkpoint_number, finite_cv_loss, list_checkpoints,
+                                      load_checkpoint, load_info, save_checkpoint)
 from toolkit.utils.config import ConfigError, exit_on_config_error
 
 logger = logging.getLogger(__name__)
@@ -45,7 +44,7 @@ WRAPPER_PREFIX = "module."
 
 def _check_retention(src_path: str, paths: list[str], num: int) -> None:
     """Refuse ``--val_best --num`` when retention deleted epochs and kept fewer than ``num`` best ones."""
-    epochs = {int(re.search(r"(\d+)\.pt$", p).group(1)) for p in paths}
+    epochs = {checkpoint_number(p) for p in paths}
     deleted = sorted(set(range(max(epochs) + 1)) - epochs)
     config = os.path.join(src_path, "train.yaml")
     if not deleted or not os.path.isfile(config):

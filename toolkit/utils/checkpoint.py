@@ -106,16 +106,17 @@ def finite_cv_loss(info: dict[str, Any]) -> float | None:
     return float(value)
 
 
+def checkpoint_number(path: str) -> int:
+    """The number in a checkpoint's name (``exp/epoch_10.pt`` -> 10), or -1 when it has none."""
+    m = re.search(r"(\d+)\.pt$", path)
+    return int(m.group(1)) if m else -1
+
+
 def list_checkpoints(model_dir: str, pattern: str = "epoch_*.pt") -> list[str]:
     """Committed checkpoints (those with their ``.yaml``) in ``model_dir`` matching ``pattern``, sorted by the number
     in their name (use one prefix per call: ``epoch_3`` and ``step_3`` are different counters)."""
     paths = [p for p in glob.glob(os.path.join(model_dir, pattern)) if os.path.exists(p[:-3] + ".yaml")]
-
-    def number(p: str) -> int:
-        m = re.search(r"(\d+)\.pt$", p)
-        return int(m.group(1)) if m else -1
-
-    return sorted(paths, key=number)
+    return sorted(paths, key=checkpoint_number)
 
 
 def delete_checkpoint(path: str) -> list[str]:

@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from toolkit.utils.checkpoint import list_checkpoints, load_checkpoint, load_info, save_checkpoint
+from toolkit.utils.checkpoint import finite_cv_loss, list_checkpoints, load_checkpoint, load_info, save_checkpoint
 
 
 def test_save_then_load_round_trip(tmp_path):
@@ -38,3 +38,10 @@ def test_failed_write_keeps_the_previous_file(tmp_path):
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.ones(2))
     assert load_info(path)["epoch"] == 0
     assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []
+
+
+def test_only_a_finite_cv_loss_ranks():
+    assert finite_cv_loss({"cv_loss": 1.5}) == 1.5 and finite_cv_loss({"cv_loss": 2}) == 2.0
+    for bad in (float("nan"), float("inf"), float("-inf"), None, "nan", True):
+        assert finite_cv_loss({"cv_loss": bad}) is None
+    assert finite_cv_loss({}) is None
