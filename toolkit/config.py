@@ -6,8 +6,10 @@ Each section is owned by the code that consumes it: ``train_conf`` by the traine
 (:class:`~toolkit.dataset.conf.DatasetConf`); the model sections (``encoder``/``decoder`` + ``*_conf``,
 ``model_conf``, ``cmvn``) are checked against the constructors by :func:`toolkit.models.registry.init_model`,
 ``tokenizer_conf`` by :func:`toolkit.text.tokenizer.init_tokenizer` and ``optim_conf``/``scheduler_conf`` by
-:func:`toolkit.utils.scheduler.init_optimizer_and_scheduler`. The model's input size is
-``dataset_conf.fbank_conf.num_mel_bins`` and its vocabulary size the tokenizer's, so neither is written twice.
+:func:`toolkit.utils.scheduler.init_optimizer_and_scheduler`. The model's input size comes from
+``dataset_conf.fbank_conf.num_mel_bins`` and its vocabulary size from the symbol table; ``train.yaml`` records both
+as ``input_dim``/``output_dim`` so that a decoder can check the features and the table it is given against the
+trained model.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Optional
 
 from toolkit.dataset.conf import DatasetConf, fill_dataset_defaults
 from toolkit.engine.train_conf import TrainConf, fill_train_defaults
-from toolkit.utils.config import apply_overrides, load_config, save_config, typed
+from toolkit.utils.config import apply_overrides, load_config, require, save_config, typed
 
 
 @dataclass
@@ -41,11 +43,16 @@ class Config:
     scheduler: str = "warmuplr"
     scheduler_conf: dict = field(default_factory=dict)
     train_conf: TrainConf = field(default_factory=TrainConf)
+    input_dim: Optional[int] = None  # D, the fbank bins the model reads: always num_mel_bins (checked)
+    output_dim: Optional[int] = None  # V, the symbols the trained model predicts (None before training)
 
-    @property
-    def input_dim(self) -> int:
-        """D, the fbank bins the model reads."""
-        return self.dataset_conf.fbank_conf.num_mel_bins
+    def __post_init__(self):
+        bins = self.dataset_conf.fbank_conf.num_mel_bins
+        if self.input_dim is None:
+            self.input_dim = bins
+        require(self.input_dim == bins, "input_dim",
+                f"dataset_conf.fbank_conf.num_mel_bins ({bins}): the model was trained on other features",
+                self.input_dim)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,6 +73,7 @@ def read_config(path: str, overrides: list[str] = ()) -> Config:
             or value of a section is wrong (one line naming it).
     """
     given = load_config(path)
-    raw = {**Config().to_dict(), **given, "dataset_conf": fill_dataset_defaults(given.get("dataset_conf")),
+    raw = {**Config().to_dict(), "input_dim": None, **given,
+           "dataset_conf": fill_dataset_defaults(given.get("dataset_conf")),
            "train_conf": fill_train_defaults(given.get("train_conf"))}
     return typed(Config, apply_overrides(raw, list(overrides)), "")

@@ -70,7 +70,7 @@ def bench_pipeline(data_list: str, tokenizer, dataset_conf: DatasetConf) -> dict
     dataset = build_dataset(data_list, tokenizer, dataset_conf, mode="train")
     start, cpu_start = time.perf_counter(), time.process_time()
     utts = frames = 0
-    for batch in build_dataloader(dataset, dataset_conf.dataloader_conf):
+    for batch in build_dataloader(dataset):
         utts += len(batch["keys"])
         frames += int(batch["feats_lengths"].sum())
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
@@ -124,7 +124,7 @@ def main():
                    for name, path in lists.items()}
         # 3. training consumption on real batches of the recipe's own batching
         train_set = build_dataset(lists["raw"], tokenizer, config.dataset_conf, mode="train")
-        loader = build_dataloader(train_set, config.dataset_conf.dataloader_conf)
+        loader = build_dataloader(train_set)
         batches = [b for _, b in zip(range(args.train_steps + 1), loader)]
     training = bench_training(config, tokenizer.vocab_size(), batches)
     # 4. report

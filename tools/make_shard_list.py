@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Pack a raw data.list into tar shards of --num_utts_per_shard utterances and write the shard data.list.
 
+The shard data.list holds one JSON line per shard, ``{"shard": "/abs/path/shards_000000.tar", "num_utts": 1000}``:
+the count, read from the written shard, lets training count a lost shard in utterances. Lists of bare shard paths
+(older versions) still train; run this again on them (it keeps the shards) to record the counts.
+
 Each shard holds ``<key>.txt`` + ``<key>.<ext>`` (audio bytes) per utterance, in data.list order (format in
 toolkit/dataset/shard.py). --audio_format keep stores the source files' bytes; flac or wav re-encode to 16-bit
 PCM, several times the bytes of Ogg Opus but 6x (FLAC) to 25x (WAV) cheaper to decode.
@@ -9,7 +13,8 @@ Shards are written by --num_workers processes. The run is resumable: a shard is 
 renamed when complete, and a shard file that already exists is kept, so after an interruption the same command
 writes only the missing shards. ``<shard_dir>/<prefix>.fingerprint`` records a hash of the entries and settings;
 when they change, the old shards of that prefix are deleted first, so a resumed run never mixes two inputs.
-Entries whose audio cannot be read are left out and listed on stderr. Relative wav paths resolve against
+Entries whose audio cannot be read are left out and listed on stderr (those of a resumed run's earlier shards
+are counted in the summary line). Relative wav paths resolve against
 the current directory, like the training pipeline's; the shard data.list holds absolute shard paths, so that
 training may run from any directory.
 
@@ -30,7 +35,7 @@ from typing import List, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any directory
 
 from toolkit.dataset.processor import SkipSample, parse_raw  # noqa: E402
-from toolkit.dataset.shard import AUDIO_FORMATS, write_shard  # noqa: E402
+from toolkit.dataset.shard import AUDIO_FORMATS, write_shard, write_shard_list  # noqa: E402
 
 
 def read_entries(raw_list: str) -> List[dict]:
@@ -121,10 +126,12 @@ def main():
                                                   args.num_workers, args.prefix, args.audio_format)
     for key, reason in skipped:
         print(f"left out {key}: {reason}", file=sys.stderr)
-    with open(args.shard_list, "w", encoding="utf-8") as f:
-        f.write("".join(path + "\n" for path in paths))
+    try:
+        total = write_shard_list(paths, args.shard_list)
+    except ValueError as err:
+        sys.exit(f"{sys.argv[0]}: {err}")
     print(f"{args.shard_list}: {len(paths)} shards ({reused} already there), {written} utterances written, "
-          f"{len(skipped)} left out")
+          f"{len(skipped)} left out in this run; the list holds {total} of the {len(entries)} entries")
 
 
 if __name__ == "__main__":

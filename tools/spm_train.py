@@ -4,7 +4,8 @@
 Writes ``<model_prefix>.model``, ``<model_prefix>.vocab`` (SentencePiece's own) and ``<model_prefix>.units.txt``,
 the symbol table used by ``toolkit.text.tokenizer.BpeTokenizer``: ``<blank> 0``, ``<unk> 1``, the pieces in
 SentencePiece id order, ``<sos/eos> N-1``. ``--vocab_size`` counts SentencePiece's pieces including its
-``<unk>``, so the symbol table has vocab_size + 2 entries.
+``<unk>``, so the symbol table has vocab_size + 2 entries. Literal special symbols in the transcripts (``<unk>``,
+``<blank>``, ``<sos/eos>``) are left out of the training text, so no piece is learned from them.
 
 Usage:
     python tools/spm_train.py --model_type unigram --vocab_size 100 \
@@ -20,7 +21,7 @@ import sentencepiece as spm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any directory
 
-from toolkit.text.tokenizer import write_symbol_table  # noqa: E402
+from toolkit.text.tokenizer import strip_special_symbols, write_symbol_table  # noqa: E402
 
 
 def train(text_file: str, model_prefix: str, model_type: str, vocab_size: int) -> str:
@@ -30,7 +31,8 @@ def train(text_file: str, model_prefix: str, model_type: str, vocab_size: int) -
         RuntimeError: SentencePiece rejects the settings (e.g. vocab_size too large for the text).
     """
     with open(text_file, encoding="utf-8") as f:
-        transcripts = [parts[1] for parts in (line.split(maxsplit=1) for line in f) if len(parts) == 2]
+        transcripts = [strip_special_symbols(parts[1]) for parts in (line.split(maxsplit=1) for line in f)
+                       if len(parts) == 2]
     Path(model_prefix).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", delete=False) as tmp:
         tmp.write("".join(t if t.endswith("\n") else t + "\n" for t in transcripts))

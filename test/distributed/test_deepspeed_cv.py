@@ -42,7 +42,7 @@ def test_zero3_cv_with_a_rank_that_has_no_cv_batch(tmp_path):
     model = init_model(config, config.input_dim, tokenizer.vocab_size())
     model.load_state_dict(load_checkpoint(str(model_dir / "epoch_0.pt"))[MODEL_KEY])
     dataset = build_dataset(str(tmp_path / "cv.list"), tokenizer, config.dataset_conf, mode="cv")
-    (batch,) = [b for b in build_dataloader(dataset, config.dataset_conf.dataloader_conf) if b["keys"]]
+    (batch,) = [b for b in build_dataloader(dataset) if b["keys"]]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks ran (OMP_NUM_THREADS=1)
     try:

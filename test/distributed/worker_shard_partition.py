@@ -21,7 +21,7 @@ conf = resolve_dataset_conf({"data_type": "shard", "shuffle_conf": {"shuffle_siz
                              "batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 600},
                              "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}})
 dataset = build_dataset(shard_list, CharTokenizer(units), conf, rank=ctx.rank, world_size=ctx.world_size)
-loader = build_dataloader(dataset, conf.dataloader_conf)
+loader = build_dataloader(dataset)
 report = []
 for epoch in range(2):
     dataset.set_epoch(epoch)

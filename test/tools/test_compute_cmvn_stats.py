@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import subprocess
 import sys
@@ -7,9 +8,11 @@ import numpy as np
 import pytest
 
 from toolkit.dataset import processor
+from toolkit.dataset.conf import FbankConf
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV = ROOT / "corpora/tiny_fsdd/data/dev"
+FBANK = dataclasses.asdict(FbankConf(dither=0.0))
 
 
 def test_cmvn_stats_match_numpy_over_pipeline_fbank(tmp_path):
@@ -39,3 +42,53 @@ def test_cmvn_stats_match_numpy_over_pipeline_fbank(tmp_path):
     var = np.array(outputs[0]["var_stat"]) / outputs[0]["frame_num"] - mean ** 2
     assert mean.shape == (40,) and (var > 0).all()
     assert mean == pytest.approx(feats.mean(axis=0))
+
+
+sys.path.insert(0, str(ROOT / "tools"))
+import compute_cmvn_stats  # noqa: E402
+
+
+def test_segment_lines_count_only_their_segment_and_skips_are_counted(tmp_path):
+    wavs = [str(ROOT / "corpora/tiny_fsdd" / line.split()[1]) for line in (DEV / "wav.scp").read_text().splitlines()]
+    spans = [(0.05, 0.15), (0.1, 0.2), (0.0, 0.12)]
+    entries = [{"key": f"seg{i}", "wav": w, "txt": "X", "start": s, "end": e} for i, (w, (s, e)) in
+               enumerate(zip(wavs, spans))]
+    entries.append({"key": "gone", "wav": str(tmp_path / "gone.wav"), "txt": "X"})
+    data_list = tmp_path / "segments.list"
+    data_list.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    feats = np.concatenate([processor.compute_fbank(processor.read_audio(e), **FBANK)["feat"].numpy()
+                            for e in entries[:3]]).astype(np.float64)
+    whole = sum(processor.compute_fbank(processor.read_audio({"wav": w}), **FBANK)["feat"].shape[0]
+                for w in wavs[:3])
+    assert feats.shape[0] < whole / 2  # the spans are short parts of their files
+    out = tmp_path / "cmvn.json"
+    config = tmp_path / "train.yaml"
+    config.write_text("dataset_conf: {}\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/compute_cmvn_stats.py"), "--in_data_list", str(data_list),
+                           "--train_config", str(config), "--out_cmvn", str(out)], capture_output=True, text=True,
+                          check=True)
+    stats = json.loads(out.read_text())
+    assert stats["frame_num"] == feats.shape[0]
+    np.testing.assert_allclose(stats["mean_stat"], feats.sum(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(stats["var_stat"], (feats ** 2).sum(axis=0), rtol=1e-9)
+    assert f"{feats.shape[0]} frames from 3 of 4 utterances; skipped by reason: {{'missing_audio': 1}}" in proc.stdout
+    assert "skipping gone: missing_audio" in proc.stderr
+
+
+def test_bad_lines_and_no_frames_are_one_line_errors(tmp_path, monkeypatch):
+    data_list = tmp_path / "data.list"
+    data_list.write_text('{"key": "a", "wav": "a.wav", "txt": "A"}\n\n{"shard": "s.tar", "num_utts": 3}\n')
+    with pytest.raises(ValueError, match=r"data.list:3: expected string fields key, wav, txt.*not a shard list"):
+        compute_cmvn_stats.read_entries(str(data_list), None, None)
+    scp = tmp_path / "wav.scp"
+    scp.write_text("a a.wav\nb\n")
+    with pytest.raises(ValueError, match=r"wav.scp:2: expected 'key path', got 'b'"):
+        compute_cmvn_stats.read_entries(None, str(scp), None)
+    scp.write_text(f"a {tmp_path}/a.wav\n")
+    (tmp_path / "train.yaml").write_text("dataset_conf: {}\n")
+    out = tmp_path / "cmvn.json"
+    monkeypatch.setattr(sys, "argv", ["compute_cmvn_stats.py", "--in_scp", str(scp), "--train_config",
+                                      str(tmp_path / "train.yaml"), "--out_cmvn", str(out)])
+    with pytest.raises(SystemExit, match=r"no frames from the 1 utterances .*'missing_audio': 1.*not writing"):
+        compute_cmvn_stats.main()
+    assert not out.exists()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from toolkit.dataset.processor import read_audio
-from toolkit.dataset.shard import read_shards
+from toolkit.dataset.shard import read_shards, write_shard_list
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -39,12 +39,15 @@ def test_parallel_shards_then_resume_writes_only_the_missing_one(tmp_path):
     raw.write_text("".join(json.dumps(e) + "\n" for e in entries))
     shard_dir, shard_list = tmp_path / "shards", tmp_path / "data.list"
     proc = run_tool("--num_utts_per_shard", 3, "--num_workers", 2, raw, shard_dir, shard_list)
-    assert "3 shards (0 already there), 7 utterances written, 1 left out" in proc.stdout
+    assert ("3 shards (0 already there), 7 utterances written, 1 left out in this run; "
+            "the list holds 7 of the 8 entries") in proc.stdout
     assert "left out gone: missing_audio" in proc.stderr
-    paths = shard_list.read_text().split()
+    lines = shard_list.read_text().splitlines()
+    paths = [json.loads(line)["shard"] for line in lines]
     assert paths == [str(shard_dir / f"shards_{i:06d}.tar") for i in range(3)]
+    assert [json.loads(line)["num_utts"] for line in lines] == [3, 3, 1]  # the last shard lost "gone"
     counts = Counter()
-    assert [s["key"] for s in read_shards(paths, counts)] == [e["key"] for e in entries[:7]] and not counts
+    assert [s["key"] for s in read_shards(lines, counts)] == [e["key"] for e in entries[:7]] and not counts
     with tarfile.open(paths[2]) as tar:
         assert len(tar.getnames()) == 2 * 1  # entries 7 and 8: one written, one left out
 
@@ -82,3 +85,24 @@ def test_bad_raw_line_names_the_line(tmp_path):
         make_shard_list.read_entries(str(raw))
     with pytest.raises(ValueError, match="num_utts_per_shard"):
         make_shard_list.make_shards([], str(tmp_path), 0, 1)
+
+
+def test_shard_list_records_counts_and_refuses_a_damaged_shard(tmp_path, monkeypatch):
+    entries = entries_of(FSDD, "dev", 5)
+    paths, _, _, _ = make_shard_list.make_shards(entries, str(tmp_path / "shards"), 2, 1)
+    data_list = tmp_path / "data.list"
+    assert write_shard_list(paths, str(data_list)) == 5
+    assert [json.loads(line) for line in data_list.read_text().splitlines()] == [
+        {"shard": p, "num_utts": n} for p, n in zip(paths, [2, 2, 1])]
+    # A shard cut after a member (what a full disk or a killed copy leaves) is named, not listed with a wrong count.
+    with tarfile.open(paths[1]) as tar:
+        cut = tar.getmember(f"{entries[3]['key']}.txt").offset
+    Path(paths[1]).write_bytes(Path(paths[1]).read_bytes()[:cut])
+    with pytest.raises(ValueError, match="shards_000001.tar is missing or incomplete"):
+        write_shard_list(paths, str(data_list))
+    raw = tmp_path / "raw.list"
+    raw.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    monkeypatch.setattr(sys, "argv", ["make_shard_list.py", "--num_utts_per_shard", "2", str(raw),
+                                      str(tmp_path / "shards"), str(data_list)])
+    with pytest.raises(SystemExit, match="shards_000001.tar is missing or incomplete.*delete it"):
+        make_shard_list.main()  # the same input, so the damaged shard would be reused: the CLI names it

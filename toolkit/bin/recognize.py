@@ -28,7 +28,7 @@ from toolkit.dataset import DatasetConf, build_dataloader, build_dataset
 from toolkit.dataset.conf import BatchConf, FilterConf, TokenizeConf
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS
-from toolkit.text.tokenizer import init_tokenizer
+from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 from toolkit.utils.config import exit_on_config_error
 
@@ -69,10 +69,11 @@ def main(argv=None) -> None:
     config = read_config(args.config, args.override_config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
+    check_model_fits_table(tokenizer, config.output_dim, args.config)
     dataset = build_dataset(args.test_data, tokenizer, test_dataset_conf(config.dataset_conf, args.batch_size),
                             mode="test")
-    loader = build_dataloader(dataset, config.dataset_conf.dataloader_conf)
-    model = init_model(config, config.input_dim, tokenizer.vocab_size())
+    loader = build_dataloader(dataset)
+    model = init_model(config)
     model.load_state_dict(load_checkpoint(args.checkpoint)[MODEL_KEY])
     model.to(device).eval()
 

@@ -21,6 +21,7 @@ JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.executor import Executor, require_utterances
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
-from toolkit.text.tokenizer import init_tokenizer
+from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.config import exit_on_config_error
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 from toolkit.utils.summary import init_summarywriter
@@ -95,10 +96,13 @@ def main(argv=None) -> None:
     torch.manual_seed(train_conf.seed)
     # 3. tokenizer (its symbol table gives the vocabulary size) and data: each utterance to one rank and worker
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
+    if config.output_dim is not None:  # a train.yaml of an earlier run: its model must fit this table
+        check_model_fits_table(tokenizer, config.output_dim, args.config)
+    config = dataclasses.replace(config, output_dim=tokenizer.vocab_size())
     train_set, train_loader, cv_set, cv_loader = init_dataset_and_dataloader(
         args.train_data, args.cv_data, tokenizer, config.dataset_conf, ctx.rank, ctx.world_size, train_conf.seed)
     # 4. model, its TorchScript check and parameter count
-    model = init_model(config, config.input_dim, tokenizer.vocab_size())
+    model = init_model(config)
     trace_and_print_model(model, log=main_process_only(logging.info))
     # 5. optimizer and LR scheduler, then the engine: DDP or DeepSpeed on this rank's device
     optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), config.optim, config.optim_conf,

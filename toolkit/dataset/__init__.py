@@ -19,5 +19,4 @@ def init_dataset_and_dataloader(train_data: str, cv_data: str, tokenizer, conf: 
     """
     train_set = build_dataset(train_data, tokenizer, conf, mode="train", rank=rank, world_size=world_size, seed=seed)
     cv_set = build_dataset(cv_data, tokenizer, conf, mode="cv", rank=rank, world_size=world_size, seed=seed)
-    return (train_set, build_dataloader(train_set, conf.dataloader_conf), cv_set,
-            build_dataloader(cv_set, conf.dataloader_conf))
+    return train_set, build_dataloader(train_set), cv_set, build_dataloader(cv_set)

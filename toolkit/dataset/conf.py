@@ -196,8 +196,9 @@ class DatasetConf:
     dataloader_conf: DataLoaderConf = field(default_factory=DataLoaderConf)
 
 
-def resolve_dataset_conf(given: Optional[dict]) -> DatasetConf:
-    """The typed ``dataset_conf`` from the YAML's dict (None or partial: defaults fill the rest).
+def resolve_dataset_conf(given: DatasetConf | dict | None) -> DatasetConf:
+    """The typed ``dataset_conf`` from the YAML's dict (None or partial: defaults fill the rest); a
+    :class:`DatasetConf` is returned as it is.
 
     Raises:
         ConfigError: an unknown key at any level (the message lists the valid ones), a value of the wrong type (a

@@ -1,9 +1,9 @@
 """Streaming ASR dataset: data.list lines -> padded batch dicts, partitioned over ranks and workers.
 
 ``dataset_conf.data_type`` names what a data.list line is: ``raw``, a JSON utterance
-``{"key", "wav", "txt"[, "start", "end"]}`` (``tools/make_raw_list.py``), or ``shard``, the path of a tar shard
-of many utterances (``tools/make_shard_list.py``, format in :mod:`toolkit.dataset.shard`). Either way the
-lines are the unit of the rank/worker partition.
+``{"key", "wav", "txt"[, "start", "end"]}`` (``tools/make_raw_list.py``), or ``shard``, a tar shard of many
+utterances, ``{"shard": path, "num_utts": N}`` (``tools/make_shard_list.py``, format in
+:mod:`toolkit.dataset.shard`). Either way the lines are the unit of the rank/worker partition.
 
 The batch dict is the one contract between the dataset and the model (the dataset produces it, training and
 decoding consume it)::
@@ -13,14 +13,15 @@ decoding consume it)::
     feats_lengths:  int64 (B,)
     target:         int64 (B, L) token ids padded with IGNORE_ID (-1)
     target_lengths: int64 (B,)
-    num_skipped:    dict[str, int] samples dropped by this dataloader worker since its previous batch, by reason
+    num_skipped:    dict[str, int] utterances dropped by this dataloader worker since its previous batch, by reason
 
 A worker whose every remaining sample was skipped yields one batch with B=0 (``feats`` of shape ``(0, 0, D)``,
 ``target`` of shape ``(0, 0)``) so that its skip counts are not lost; consumers must read ``num_skipped`` and
 then skip B=0 batches. Skip reasons: ``bad_line``, ``missing_audio``, ``unreadable_audio``, ``empty_audio``,
 ``empty_text``, ``all_unknown``, ``unknown_token``, ``too_short``, ``too_long``, ``too_few_tokens``,
 ``too_many_tokens``, ``ratio_too_small``, ``ratio_too_large``, and for shards ``missing_shard``, ``corrupt_shard``,
-``corrupt_member``; each skip is also logged as a warning naming the key.
+``corrupt_member``; each skip is also logged as a warning naming the key (or the shard). Every count is in
+utterances: a lost shard counts the utterances its data.list line records (see :mod:`toolkit.dataset.shard`).
 
 The model is called as ``model(feats, feats_lengths, target, target_lengths)``.
 """
@@ -29,13 +30,14 @@ import functools
 import logging
 import random
 from collections import Counter
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from toolkit.dataset import processor, shard
-from toolkit.dataset.conf import DataLoaderConf, DatasetConf
+from toolkit.dataset.conf import DatasetConf, resolve_dataset_conf
+from toolkit.utils.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -152,55 +154,91 @@ def _log_partition(data_list_file: str, num_lines: int, conf: DatasetConf, rank:
                     num_lines, unit, world_size, max(1, num_workers), unit, counts)
 
 
-def count_utterances(data_list_file: str, data_type: str) -> int:
-    """Utterances listed by a data.list: its non-empty lines for ``raw``, the transcripts in its shards (header
-    scan, see :func:`toolkit.dataset.shard.count_shard_utterances`) for ``shard``. Before filtering.
+def _read_lines(data_list_file: str) -> List[str]:
+    with open(data_list_file, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def _shard_counts(data_list_file: str, lines: List[str]) -> List[Optional[int]]:
+    """Each shard line's recorded utterance count (None for a bare path).
 
     Raises:
-        OSError: ``data_list_file`` cannot be read.
+        ConfigError: a malformed line (names the file and line).
     """
-    with open(data_list_file, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    return len(lines) if data_type == "raw" else sum(shard.count_shard_utterances(line) for line in lines)
+    counts = []
+    for line_no, line in enumerate(lines, 1):
+        try:
+            counts.append(shard.parse_shard_line(line)[1])
+        except ValueError as err:
+            raise ConfigError(f"{data_list_file}:{line_no}: not a shard data.list line: {err}; write the list with "
+                              f"tools/make_shard_list.py") from err
+    return counts
 
 
-def build_dataset(data_list_file: str, tokenizer, conf: DatasetConf, *, mode: str = "train", rank: int = 0,
-                  world_size: int = 1, seed: int = 777) -> AsrDataset:
-    """Build the dataset of one rank from a data.list file (JSON lines ``{"key", "wav", "txt"}``).
+def count_utterances(data_list_file: str, data_type: str) -> int:
+    """Utterances listed by a data.list, before filtering: its lines for ``raw``; for ``shard`` the counts its
+    lines record, or for a bare-path line the transcripts in that shard (header scan, see
+    :func:`toolkit.dataset.shard.count_shard_utterances`).
+
+    Raises:
+        OSError: ``data_list_file`` cannot be read. ConfigError: a malformed shard line.
+    """
+    lines = _read_lines(data_list_file)
+    if data_type == "raw":
+        return len(lines)
+    counts = _shard_counts(data_list_file, lines)
+    return sum(shard.count_shard_utterances(shard.parse_shard_line(line)[0]) if n is None else n
+               for line, n in zip(lines, counts))
+
+
+def build_dataset(data_list_file: str, tokenizer, conf: DatasetConf | dict | None, *, mode: str = "train",
+                  rank: int = 0, world_size: int = 1, seed: int = 777) -> AsrDataset:
+    """Build the dataset of one rank from a data.list file (see the module docstring for its two line formats).
 
     Args:
-        data_list_file: written by ``tools/make_raw_list.py``; relative wav paths resolve against the cwd.
+        data_list_file: written by ``tools/make_raw_list.py`` (relative wav paths resolve against the cwd) or
+            ``tools/make_shard_list.py``.
         tokenizer: a ``toolkit.text.tokenizer`` tokenizer.
-        conf: the resolved ``dataset_conf`` (:func:`toolkit.dataset.conf.resolve_dataset_conf`).
+        conf: the resolved ``dataset_conf`` (:func:`toolkit.dataset.conf.resolve_dataset_conf`), or the YAML's
+            dict (None or partial), which is resolved here.
         mode: ``"train"``, or ``"cv"``/``"test"`` (no shuffle, speed perturbation, SpecAugment; dither 0).
         rank, world_size: this process's place among the distributed ranks.
         seed: base seed; the pass of epoch ``e`` shuffles lines with ``seed + e``.
 
     Raises:
-        ValueError: bad ``mode`` or ``rank``/``world_size``.
+        ValueError: bad ``mode`` or ``rank``/``world_size``; ConfigError (a ValueError) for a malformed shard
+            data.list line or a bad ``dataset_conf`` dict.
         OSError: ``data_list_file`` cannot be read.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
-    with open(data_list_file, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip()]
+    conf = resolve_dataset_conf(conf)
+    lines = _read_lines(data_list_file)
+    if conf.data_type == "shard":
+        num_uncounted = _shard_counts(data_list_file, lines).count(None)
+        if num_uncounted and rank == 0:
+            # NOTE: without a count the reader cannot tell how many utterances a lost shard held.
+            logger.warning("%s: %d of %d shard lines are bare paths with no utterance count, so a missing or cut "
+                           "shard among them is counted as 1 skipped utterance; run tools/make_shard_list.py again "
+                           "(it keeps the shards) to record the counts", data_list_file, num_uncounted, len(lines))
     _log_partition(data_list_file, len(lines), conf, rank, world_size)
     return AsrDataset(lines, tokenizer, conf, mode, rank, world_size, seed)
 
 
-def build_dataloader(dataset: AsrDataset, conf: DataLoaderConf) -> DataLoader:
+def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None) -> DataLoader:
     """Wrap ``dataset`` in a DataLoader (``batch_size=None``: the dataset already yields batches).
 
-    ``conf`` (``dataset_conf.dataloader_conf``) sets num_workers, prefetch_factor, pin_memory and
-    persistent_workers; the worker-only options are dropped when num_workers is 0.
+    ``dataloader_conf`` of ``conf`` (default: the dataset's own ``dataset_conf``) sets num_workers,
+    prefetch_factor, pin_memory and persistent_workers; the worker-only options are dropped when num_workers is 0.
 
     The loader gets its own ``torch.Generator`` seeded with ``dataset.seed`` (reseed it per epoch through
     ``loader.generator``). NOTE: without one, every ``iter(loader)`` draws the workers' base seed from the global
     torch RNG, so where dropout's random stream stands would depend on how many loaders were iterated (an exact
     resume would diverge).
     """
+    conf = dataset.conf.dataloader_conf if conf is None else resolve_dataset_conf(conf).dataloader_conf
     kwargs = {"batch_size": None, "num_workers": conf.num_workers, "pin_memory": conf.pin_memory,
               "generator": torch.Generator().manual_seed(dataset.seed)}
     if conf.num_workers > 0:

@@ -13,21 +13,29 @@ Re-encoding trades disk for CPU: decoding Ogg Opus costs about 2.5 ms per audio 
 16-bit FLAC 0.4 ms and WAV 0.1 ms (while the fbank costs 0.7 ms), at about 4.5x (FLAC: 81 MB for the 18 MB
 of the kathleen corpus) and 9x (WAV) the bytes.
 
-The data.list of a shard set holds one shard path per line. :func:`read_shards` turns shard paths into
-``{"key", "wav", "wav_bytes", "txt"}`` samples for :func:`toolkit.dataset.processor.read_audio`.
+The data.list of a shard set holds one JSON line per shard, ``{"shard": "/abs/path.tar", "num_utts": N}``
+(:func:`write_shard_list`): the count is what lets a lost shard be counted in utterances. A bare path per line
+(a list written by hand or by an older ``make_shard_list.py``) is still read, but then a lost rest of a shard can
+only be counted as 1; :func:`toolkit.dataset.pipeline.build_dataset` warns about such lists. :func:`read_shards`
+turns shard lines into ``{"key", "wav", "wav_bytes", "txt"}`` samples for
+:func:`toolkit.dataset.processor.read_audio`.
 
-Bad input never ends more than the member it hits: the reader opens tars with ``ignore_zeros=True``, so a
-member whose header is corrupt (checksum mismatch) is stepped over block by block until the next valid
-header, and the utterance left with only one of its two members is skipped as ``corrupt_member``. A member
-whose audio bytes are corrupt decodes as ``unreadable_audio`` later in the chain. Only a truncated file ends a
-shard early (``corrupt_shard``); a missing one is ``missing_shard``.
+Every utterance a shard line offers is yielded or counted, in utterances. Bad input never ends more than the
+member it hits: the reader opens tars with ``ignore_zeros=True``, so a member whose header is corrupt (checksum
+mismatch) is stepped over block by block until the next valid header, and the utterance left with only one of its
+two members is skipped as ``corrupt_member``. A member whose audio bytes are corrupt decodes as
+``unreadable_audio`` later in the chain. A truncated file (cut inside a member's data, inside a member header, or
+at a header boundary: it then lacks the end-of-archive marker, or holds fewer utterances than its line records)
+ends the shard early: the utterances it lost are counted as ``corrupt_shard``; a missing shard counts all of its
+utterances as ``missing_shard``. Each is logged as a warning naming the shard.
 """
 import io
+import json
 import logging
 import os
 import tarfile
 from collections import Counter
-from typing import Iterable, Iterator, List, Tuple
+from typing import Iterable, Iterator, List, Optional, Tuple
 
 import soundfile as sf
 
@@ -108,9 +116,91 @@ def write_shard(entries: Iterable[dict], tar_path: str,
     return num_written, skipped
 
 
-def _skip(num_skipped: Counter, reason: str, what: str, detail: str) -> None:
+def parse_shard_line(line: str) -> Tuple[str, Optional[int]]:
+    """``(path, num_utts)`` of one shard data.list line: ``{"shard": path, "num_utts": N}``, or a bare path, whose
+    ``num_utts`` is None (unknown).
+
+    Raises:
+        ValueError: a JSON line that is not an object with a string ``shard`` and an integer ``num_utts`` >= 0.
+    """
+    line = line.strip()
+    if not line.startswith("{"):
+        return line, None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON ({err})") from err
+    num_utts = obj.get("num_utts") if isinstance(obj, dict) else None
+    if (not isinstance(obj, dict) or not isinstance(obj.get("shard"), str) or isinstance(num_utts, bool)
+            or not isinstance(num_utts, int) or num_utts < 0):
+        raise ValueError(f'expected {{"shard": "<path>", "num_utts": <integer >= 0>}}, got {line}')
+    return obj["shard"], num_utts
+
+
+def _data_end(member: tarfile.TarInfo) -> int:
+    """Byte offset just past ``member``'s data blocks."""
+    return member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def _ends_cleanly(path: str, data_end: int) -> bool:
+    """Whether only zeros follow ``data_end`` (the end of the last member's data), at least the two zero blocks of
+    the end-of-archive marker. NOTE: with ``ignore_zeros`` tarfile reads a file cut at a header boundary, or inside
+    a header block, as a normal end; the missing marker is the only sign of it."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) - data_end < 2 * tarfile.BLOCKSIZE:
+            return False
+        f.seek(data_end)
+        while chunk := f.read(1 << 16):
+            if chunk.strip(b"\0"):
+                return False
+    return True
+
+
+def scan_shard(path: str) -> Tuple[int, bool]:
+    """``(utterances, complete)`` of a shard from its headers only (tarfile seeks over the audio): the number of
+    transcript members (those before the damage in a damaged shard, 0 for a missing one), and whether the archive
+    was read to its end-of-archive marker."""
+    count, data_end = 0, 0
+    try:
+        with tarfile.open(path, mode="r:", ignore_zeros=True) as tar:
+            for member in tar:
+                count += member.name.endswith("." + TRANSCRIPT_EXT)
+                data_end = _data_end(member)
+    except (tarfile.TarError, OSError, EOFError):
+        return count, False
+    return count, _ends_cleanly(path, data_end)
+
+
+def count_shard_utterances(path: str) -> int:
+    """Number of transcript members in a shard (see :func:`scan_shard`)."""
+    return scan_shard(path)[0]
+
+
+def write_shard_list(shard_paths: Iterable[str], list_path: str) -> int:
+    """Write the shard data.list: one ``{"shard", "num_utts"}`` line per shard, the count read from the shard.
+
+    Returns:
+        The total number of utterances listed.
+
+    Raises:
+        ValueError: a shard is missing or incomplete (names it); OSError: ``list_path`` cannot be written.
+    """
+    lines, total = [], 0
+    for path in shard_paths:
+        num_utts, complete = scan_shard(path)
+        if not complete:
+            raise ValueError(f"shard {path} is missing or incomplete (no end-of-archive marker): delete it and run "
+                             f"tools/make_shard_list.py again to rewrite it")
+        lines.append(json.dumps({"shard": path, "num_utts": num_utts}, ensure_ascii=False) + "\n")
+        total += num_utts
+    with open(list_path, "w", encoding="utf-8") as f:
+        f.write("".join(lines))
+    return total
+
+
+def _skip(num_skipped: Counter, reason: str, what: str, detail: str, num_utts: int = 1) -> None:
     logger.warning("skipping %s: %s (%s)", what, reason, detail)
-    num_skipped[reason] += 1
+    num_skipped[reason] += num_utts
 
 
 def _utterance(path: str, key: str, members: dict, num_skipped: Counter) -> Iterator[dict]:
@@ -129,16 +219,40 @@ def _utterance(path: str, key: str, members: dict, num_skipped: Counter) -> Iter
     yield {"key": key, "wav": f"{path}:{key}.{ext}", "wav_bytes": members[ext], "txt": txt}
 
 
-def _read_shard(path: str, num_skipped: Counter) -> Iterator[dict]:
-    if not os.path.isfile(path):
-        _skip(num_skipped, "missing_shard", f"shard {path}", "no such file")
+_UNKNOWN_COUNT = "counted as 1 utterance: the data.list records no utterance count for this shard"
+
+
+def _count_lost(num_skipped: Counter, path: str, num_utts: Optional[int], done: int, damage: Optional[str]) -> None:
+    """Count what a shard lost after its first ``done`` utterances (each yielded or counted already)."""
+    if num_utts is None:
+        if damage:
+            _skip(num_skipped, "corrupt_shard", f"shard {path}", f"{damage}; the rest is lost, {_UNKNOWN_COUNT}")
         return
-    key, members = None, {}
+    lost = num_utts - done
+    if lost > 0 or damage:
+        lost = max(lost, 1)  # NOTE: damage with no shortfall means the list's count is stale; one member is lost
+        _skip(num_skipped, "corrupt_shard", f"shard {path}",
+              f"{damage or 'ends early'}: {done} of the {num_utts} utterances its data.list line records were read, "
+              f"{lost} lost", num_utts=lost)
+    elif lost < 0:
+        logger.warning("shard %s holds %d utterances, more than the %d its data.list line records: the list is "
+                       "stale (write it again with tools/make_shard_list.py)", path, done, num_utts)
+
+
+def _read_shard(line: str, num_skipped: Counter) -> Iterator[dict]:
+    path, num_utts = parse_shard_line(line)
+    if not os.path.isfile(path):
+        _skip(num_skipped, "missing_shard", f"shard {path}", "no such file; " + (
+            _UNKNOWN_COUNT if num_utts is None else f"its {num_utts} utterances are lost"),
+            num_utts=1 if num_utts is None else num_utts)
+        return
+    done, damage, key, members, data_end = 0, None, None, {}, 0
     try:
         # NOTE: ignore_zeros makes tarfile step over a block that fails the header checksum instead of ending
         # the archive there, so one corrupt member header costs that member, not the rest of the shard.
         with tarfile.open(path, mode="r:", ignore_zeros=True) as tar:
             for member in tar:
+                data_end = _data_end(member)
                 if not member.isfile():
                     continue
                 member_key, _, ext = member.name.rpartition(".")
@@ -146,34 +260,33 @@ def _read_shard(path: str, num_skipped: Counter) -> Iterator[dict]:
                 if member_key != key:
                     if key is not None:
                         yield from _utterance(path, key, members, num_skipped)
+                        done += 1
                     key, members = member_key, {}
                 members[ext] = data
     except (tarfile.TarError, OSError, EOFError) as err:
-        _skip(num_skipped, "corrupt_shard", f"shard {path}", f"unreadable after key {key} ({err}); rest lost")
-        return
+        damage, key = f"unreadable after {done} utterance(s) ({err})", None  # the key being read is lost
     if key is not None:
         yield from _utterance(path, key, members, num_skipped)
+        done += 1
+    if damage is None and num_utts is None and not _ends_cleanly(path, data_end):
+        damage = f"no end-of-archive marker after {done} utterance(s): the file was cut"
+    _count_lost(num_skipped, path, num_utts, done, damage)
 
 
-def count_shard_utterances(path: str) -> int:
-    """Number of transcript members in a shard, from its headers only (tarfile seeks over the audio); 0 for a
-    missing or unreadable shard, and the members before the damage for a damaged one."""
-    count = 0
-    try:
-        with tarfile.open(path, mode="r:", ignore_zeros=True) as tar:
-            for member in tar:
-                count += member.name.endswith("." + TRANSCRIPT_EXT)
-    except (tarfile.TarError, OSError, EOFError):
-        return count  # the damage is reported, per utterance, when the shard is read for training
-    return count
-
-
-def read_shards(shard_paths: Iterable[str], num_skipped: Counter) -> Iterator[dict]:
+def read_shards(shard_lines: Iterable[str], num_skipped: Counter) -> Iterator[dict]:
     """Stream step: read shards one after another, in order, each sequentially.
 
+    Args:
+        shard_lines: shard data.list lines (see :func:`parse_shard_line`).
+        num_skipped: skip counts by reason, in utterances, updated in place.
+
     Yields ``{"key", "wav", "wav_bytes", "txt"}`` per utterance (``wav`` is ``"<shard>:<member>"``, for logs).
-    Skips are logged naming the key (or shard) and counted into ``num_skipped`` under ``missing_shard``,
-    ``corrupt_shard`` (unreadable tar: the utterances before the damage are kept) or ``corrupt_member``.
+    Skips are logged naming the key (or shard) and counted under ``missing_shard`` (every utterance of the
+    shard), ``corrupt_shard`` (a truncated or unreadable tar: the utterances after the damage) or
+    ``corrupt_member`` (one utterance).
+
+    Raises:
+        ValueError: a malformed line (``build_dataset`` checks every line before reading).
     """
-    for path in shard_paths:
-        yield from _read_shard(path, num_skipped)
+    for line in shard_lines:
+        yield from _read_shard(line, num_skipped)

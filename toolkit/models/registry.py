@@ -4,6 +4,7 @@ Each ``name: value`` entry selects a class and its ``name_conf:`` dict supplies 
 arguments, checked against the constructor so a typo fails loudly instead of being ignored.
 """
 import inspect
+from collections.abc import Mapping
 
 from toolkit.models.transformer.asr_model import ASRModel
 from toolkit.models.transformer.cmvn import GlobalCMVN, load_global_cmvn
@@ -41,40 +42,48 @@ def _lookup(section: str, name: str, table: dict) -> type:
     return table[name]
 
 
-def init_model(conf, input_dim: int, vocab_size: int) -> ASRModel:
+def init_model(conf, input_dim: int | None = None, vocab_size: int | None = None) -> ASRModel:
     """Instantiate the model described by the model sections of a training config.
 
     Args:
-        conf: any object with the attributes ``encoder`` (conformer|transformer) and ``encoder_conf``, ``decoder``
-            (transformer) and ``decoder_conf``, ``model_conf`` (:class:`ASRModel` keywords: ctc_weight,
-            lsm_weight, length_normalized_loss), ``cmvn`` (``global_cmvn`` or None) and ``cmvn_conf``
-            (``{cmvn_file}``), e.g. a :class:`toolkit.config.Config`.
-        input_dim: D, the fbank bins of the features.
-        vocab_size: V, the tokenizer's symbol count (``<sos/eos>`` = V - 1).
+        conf: a :class:`toolkit.config.Config`, or the config as a plain mapping (a loaded YAML), with
+            ``encoder`` (conformer|transformer) and ``encoder_conf``, ``decoder`` (transformer) and ``decoder_conf``,
+            ``model_conf`` (:class:`ASRModel` keywords: ctc_weight, lsm_weight, length_normalized_loss), ``cmvn``
+            (``global_cmvn`` or None) and ``cmvn_conf`` (``{cmvn_file}``).
+        input_dim: D, the fbank bins of the features (default: the config's ``input_dim``).
+        vocab_size: V, the symbol table's size, ``<sos/eos>`` = V - 1 (default: the config's ``output_dim``).
 
     Returns:
         A freshly initialised ASRModel (training mode).
 
     Raises:
-        ConfigError: an unknown encoder/decoder/cmvn name, an unknown ``*_conf`` key (the message lists the valid
-            ones), or a missing or unreadable CMVN file.
+        ConfigError: no input or vocabulary size, an unknown encoder/decoder/cmvn name, an unknown ``*_conf`` key
+            (the message lists the valid ones), a value a constructor refuses, or a missing or unreadable CMVN file.
     """
+    def get(key: str, default=None):
+        return conf.get(key, default) if isinstance(conf, Mapping) else getattr(conf, key, default)
+
+    input_dim = get("input_dim") if input_dim is None else input_dim
+    vocab_size = get("output_dim") if vocab_size is None else vocab_size
+    if input_dim is None or vocab_size is None:
+        raise ConfigError("the model needs input_dim (fbank bins) and output_dim (the symbol table's size)")
     global_cmvn = None
-    if conf.cmvn is not None:
-        if conf.cmvn not in CMVNS:
-            raise ConfigError(f"cmvn: unknown name {conf.cmvn!r}; valid: {list(CMVNS)} or null")
-        cmvn_file = (conf.cmvn_conf or {}).get("cmvn_file")
+    cmvn = get("cmvn")
+    if cmvn is not None:
+        if cmvn not in CMVNS:
+            raise ConfigError(f"cmvn: unknown name {cmvn!r}; valid: {list(CMVNS)} or null")
+        cmvn_file = (get("cmvn_conf") or {}).get("cmvn_file")
         if not cmvn_file:
             raise ConfigError("cmvn: global_cmvn needs cmvn_conf.cmvn_file (tools/compute_cmvn_stats.py writes it), "
                               "or set 'cmvn: null'")
         global_cmvn = GlobalCMVN(*load_global_cmvn(cmvn_file))
 
-    encoder_cls = _lookup("encoder", conf.encoder, ENCODERS)
-    encoder = _build("encoder_conf", encoder_cls, conf.encoder_conf, input_dim, global_cmvn=global_cmvn)
-    decoder_cls = _lookup("decoder", conf.decoder, DECODERS)
-    decoder = _build("decoder_conf", decoder_cls, conf.decoder_conf, vocab_size, encoder.output_size())
+    encoder_cls = _lookup("encoder", get("encoder", "conformer"), ENCODERS)
+    encoder = _build("encoder_conf", encoder_cls, get("encoder_conf"), input_dim, global_cmvn=global_cmvn)
+    decoder_cls = _lookup("decoder", get("decoder", "transformer"), DECODERS)
+    decoder = _build("decoder_conf", decoder_cls, get("decoder_conf"), vocab_size, encoder.output_size())
     ctc = CTC(vocab_size, encoder.output_size())
-    return _build("model_conf", ASRModel, conf.model_conf, vocab_size, encoder, decoder, ctc)
+    return _build("model_conf", ASRModel, get("model_conf"), vocab_size, encoder, decoder, ctc)
 
 
 def _build(section: str, cls: type, conf: dict | None, *args, **kwargs):

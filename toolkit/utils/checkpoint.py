@@ -18,6 +18,7 @@ Tags: ``epoch_{N}`` after epoch N, ``step_{N}`` after optimizer step N inside an
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 import shutil
@@ -108,16 +109,26 @@ def load_info(path: str) -> dict[str, Any]:
         return yaml.safe_load(f) or {}
 
 
+def finite_cv_loss(info: dict[str, Any]) -> float | None:
+    """The ``cv_loss`` of a checkpoint's YAML (:func:`load_info`) as a float, or None when it is missing, not a
+    number, NaN or infinite: such a checkpoint never ranks among the best (``--val_best``, ``keep_best_n``)."""
+    value = info.get("cv_loss")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def checkpoint_number(path: str) -> int:
+    """The number in a checkpoint's name (``exp/epoch_10.pt`` -> 10), or -1 when it has none."""
+    m = re.search(r"(\d+)\.pt$", path)
+    return int(m.group(1)) if m else -1
+
+
 def list_checkpoints(model_dir: str, pattern: str = "epoch_*.pt") -> list[str]:
     """Committed checkpoints (those with their ``.yaml``) in ``model_dir`` matching ``pattern``, sorted by the number
     in their name (use one prefix per call: ``epoch_3`` and ``step_3`` are different counters)."""
     paths = [p for p in glob.glob(os.path.join(model_dir, pattern)) if os.path.exists(p[:-3] + ".yaml")]
-
-    def number(p: str) -> int:
-        m = re.search(r"(\d+)\.pt$", p)
-        return int(m.group(1)) if m else -1
-
-    return sorted(paths, key=number)
+    return sorted(paths, key=checkpoint_number)
 
 
 def delete_checkpoint(path: str) -> list[str]:

@@ -150,7 +150,11 @@ if (( stage <= 5 && stop_stage >= 5 )); then
     python -m toolkit.bin.average_model --src_path "$dir" --num "$average_num" --val_best \
       --dst_model "$decode_checkpoint"
   else
-    decode_checkpoint=$(ls "$dir"/epoch_*.pt | sort -t_ -k2 -n | tail -1)
+    # NOTE: the newest committed epoch by its number (sorting paths as text puts epoch_9 after epoch_10).
+    decode_checkpoint=$(python -c 'import sys; from toolkit.utils.checkpoint import list_checkpoints as ls
+print((ls(sys.argv[1]) or [""])[-1])' "$dir")
+    [ -n "$decode_checkpoint" ] || die "no committed epoch_N.pt (with epoch_N.yaml) in $dir"
+    echo "stage 5: decoding the newest epoch as it is: $decode_checkpoint"
   fi
   echo "stage 5: decoding $test_sets with $decode_modes"
   for x in $test_sets; do

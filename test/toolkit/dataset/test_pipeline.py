@@ -42,8 +42,7 @@ def tokenizer(tmp_path_factory):
 
 def batches_of(data_list, tokenizer, conf: dict, **kwargs) -> list:
     """Every batch of one pass over ``data_list`` with ``conf`` (a partial dataset_conf)."""
-    resolved = resolve_dataset_conf(conf)
-    return list(build_dataloader(build_dataset(data_list, tokenizer, resolved, **kwargs), resolved.dataloader_conf))
+    return list(build_dataloader(build_dataset(data_list, tokenizer, conf, **kwargs)))
 
 
 def collect(loader):
@@ -59,14 +58,14 @@ def test_partition_two_ranks_two_workers_each_key_once(tmp_path, tokenizer):
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"batch_conf": {"batch_size": 3}, "shuffle_conf": {"shuffle_size": 4}, "sort_conf": {"sort_size": 4},
             "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
-    datasets = [build_dataset(data_list, tokenizer, resolve_dataset_conf(conf), rank=r, world_size=2)
+    datasets = [build_dataset(data_list, tokenizer, conf, rank=r, world_size=2)
                 for r in range(2)]
     orders = []
     for epoch in range(2):
         per_rank = []
         for dataset in datasets:
             dataset.set_epoch(epoch)
-            keys, skipped = collect(build_dataloader(dataset, resolve_dataset_conf(conf).dataloader_conf))
+            keys, skipped = collect(build_dataloader(dataset))
             assert not skipped
             per_rank.append(keys)
         all_keys = per_rank[0] + per_rank[1]
@@ -82,8 +81,8 @@ def test_persistent_workers_still_reshuffle(tmp_path, tokenizer):
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"sort": False, "batch_conf": {"batch_size": 4},
             "dataloader_conf": {"num_workers": 1, "persistent_workers": True, "prefetch_factor": 2}}
-    dataset = build_dataset(data_list, tokenizer, resolve_dataset_conf(conf))
-    loader = build_dataloader(dataset, resolve_dataset_conf(conf).dataloader_conf)
+    dataset = build_dataset(data_list, tokenizer, conf)
+    loader = build_dataloader(dataset)
     first, second = collect(loader)[0], collect(loader)[0]
     assert sorted(first) == sorted(second) == sorted(e["key"] for e in entries)
     assert first != second
@@ -93,11 +92,11 @@ def test_cv_mode_is_deterministic_without_augmentation(tmp_path, tokenizer):
     entries = kaldi_entries(LJ, "dev")
     data_list = write_list(tmp_path / "data.list", entries)
     conf = {"sort": False, "dataloader_conf": {"num_workers": 0}}
-    dataset = build_dataset(data_list, tokenizer, resolve_dataset_conf(conf), mode="cv")
+    dataset = build_dataset(data_list, tokenizer, conf, mode="cv")
     dataset.set_epoch(0)
-    (first,) = list(build_dataloader(dataset, resolve_dataset_conf(conf).dataloader_conf))
+    (first,) = list(build_dataloader(dataset))
     dataset.set_epoch(1)
-    (second,) = list(build_dataloader(dataset, resolve_dataset_conf(conf).dataloader_conf))
+    (second,) = list(build_dataloader(dataset))
     assert first["keys"] == second["keys"] == [e["key"] for e in entries]
     assert torch.equal(first["feats"], second["feats"])  # no dither, no SpecAugment
     assert not (first["feats"][0, :first["feats_lengths"][0]] == 0).any()

@@ -10,14 +10,15 @@ import pytest
 import soundfile as sf
 
 from toolkit.dataset import processor
-from toolkit.dataset import resolve_dataset_conf
-from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.dataset.pipeline import build_dataloader, build_dataset, count_utterances
 from toolkit.dataset.shard import read_shards, write_shard
+from toolkit.utils.config import ConfigError
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 
 ROOT = Path(__file__).resolve().parents[3]
 KATHLEEN = ROOT / "corpora/kathleen"
 SO762 = ROOT / "corpora/speechocean762"
+FSDD = ROOT / "corpora/tiny_fsdd"
 
 
 def kaldi_entries(corpus, split, n):
@@ -111,9 +112,96 @@ def test_truncated_and_missing_shards(tmp_path, entries):
     with tarfile.open(path) as tar:
         cut = tar.getmember(f"{entries[4]['key']}.opus").offset_data + 100
     path.write_bytes(path.read_bytes()[:cut])
-    samples, counts = read_all([str(path), str(tmp_path / "none.tar")])
+    samples, counts = read_all([str(path), str(tmp_path / "none.tar")])  # bare paths: counts unknown
     assert [s["key"] for s in samples] == [e["key"] for e in entries[:4]]
     assert counts == {"corrupt_shard": 1, "missing_shard": 1}
+    samples, counts = read_all([shard_line(path, len(entries)), shard_line(tmp_path / "none.tar", 6)])
+    assert [s["key"] for s in samples] == [e["key"] for e in entries[:4]]
+    assert counts == {"corrupt_shard": len(entries) - 4, "missing_shard": 6}
+
+
+def shard_line(path, num_utts=None):
+    """A shard data.list line: as make_shard_list.py writes it, or (num_utts None) a bare path of an older list."""
+    return str(path) if num_utts is None else json.dumps({"shard": str(path), "num_utts": num_utts})
+
+
+@pytest.fixture(scope="module")
+def fsdd3():
+    return kaldi_entries(FSDD, "dev", 3)  # 16-bit WAV, stored as they are
+
+
+def cut_shard(path, entries, where):
+    """Write ``entries`` as a shard, then cut it where an interrupted copy may stop, around the second utterance."""
+    write_shard(entries, str(path))
+    with tarfile.open(path) as tar:
+        txt, audio = (tar.getmember(f"{entries[1]['key']}.{ext}") for ext in ("txt", "wav"))
+    cut = {"at_a_header_boundary": txt.offset, "inside_a_txt_header": txt.offset + 100,
+           "inside_an_audio_header": audio.offset + 300, "inside_audio_data": audio.offset_data + 100}[where]
+    path.write_bytes(path.read_bytes()[:cut])
+
+
+# (skip counts with a bare path, with the count 3 recorded): the second utterance's transcript was read whole only
+# when the cut is inside its audio header (then it is a corrupt_member); every other loss is the corrupt_shard rest.
+CUTS = {"at_a_header_boundary": ({"corrupt_shard": 1}, {"corrupt_shard": 2}),
+        "inside_a_txt_header": ({"corrupt_shard": 1}, {"corrupt_shard": 2}),
+        "inside_an_audio_header": ({"corrupt_member": 1, "corrupt_shard": 1},
+                                   {"corrupt_member": 1, "corrupt_shard": 1}),
+        "inside_audio_data": ({"corrupt_shard": 1}, {"corrupt_shard": 2})}
+
+
+@pytest.mark.parametrize("where", sorted(CUTS))
+def test_a_cut_shard_names_itself_and_counts_its_lost_utterances(tmp_path, fsdd3, where, caplog):
+    path = tmp_path / "trunc.tar"
+    cut_shard(path, fsdd3, where)
+    for num_utts, expected in zip((None, 3), CUTS[where]):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            samples, counts = read_all([shard_line(path, num_utts)])
+        assert [s["key"] for s in samples] == [fsdd3[0]["key"]]
+        assert counts == expected
+        assert f"shard {path}: corrupt_shard" in caplog.text
+    assert len(samples) + sum(counts.values()) == 3  # with the count recorded, every utterance is accounted for
+
+
+@pytest.mark.parametrize("num_utts, expected", [(None, {"corrupt_shard": 1}), (3, {"corrupt_shard": 2})])
+def test_shard_cut_at_a_header_through_build_dataset(tmp_path, fsdd3, tokenizer, caplog, num_utts, expected):
+    """The shard-cut-at-header case: the first utterance is trained, the lost rest is named and counted."""
+    cut_shard(tmp_path / "trunc.tar", fsdd3, "at_a_header_boundary")
+    (tmp_path / "shard.list").write_text(shard_line(tmp_path / "trunc.tar", num_utts) + "\n")
+    conf = {"data_type": "shard", "dataloader_conf": {"num_workers": 0}}
+    keys, skipped = [], Counter()
+    with caplog.at_level(logging.WARNING):
+        for batch in build_dataset(str(tmp_path / "shard.list"), tokenizer, conf, mode="cv"):
+            keys += batch["keys"]
+            skipped.update(batch["num_skipped"])
+    assert keys == [fsdd3[0]["key"]] and skipped == expected
+    assert "trunc.tar: corrupt_shard" in caplog.text
+    assert ("bare paths with no utterance count" in caplog.text) == (num_utts is None)
+
+
+def test_lost_shards_count_the_utterances_their_lines_record(tmp_path, fsdd3, caplog):
+    write_shard(fsdd3, str(tmp_path / "a.tar"))
+    samples, counts = read_all([shard_line(tmp_path / "gone.tar", 7), shard_line(tmp_path / "a.tar", 3)])
+    assert len(samples) == 3 and counts == {"missing_shard": 7}
+    # A line recording more than the shard holds (a stale list) counts the shortfall; fewer is only a warning.
+    samples, counts = read_all([shard_line(tmp_path / "a.tar", 5)])
+    assert len(samples) == 3 and counts == {"corrupt_shard": 2}
+    with caplog.at_level(logging.WARNING):
+        samples, counts = read_all([shard_line(tmp_path / "a.tar", 2)])
+    assert len(samples) == 3 and not counts and "more than the 2 its data.list line records" in caplog.text
+
+
+def test_shard_list_lines_are_checked_and_counted(tmp_path, fsdd3, tokenizer):
+    write_shard(fsdd3, str(tmp_path / "a.tar"))
+    lines = [shard_line(tmp_path / "a.tar", 3), shard_line(tmp_path / "gone.tar", 4), shard_line(tmp_path / "a.tar")]
+    (tmp_path / "data.list").write_text("\n".join(lines) + "\n")
+    conf = {"data_type": "shard"}
+    assert count_utterances(str(tmp_path / "data.list"), "shard") == 3 + 4 + 3  # recorded, recorded, header scan
+    for bad in ['{"shard": "a.tar"}', '{"shard": "a.tar", "num_utts": -1}', '{"shard": "a.tar", "num_utts": 2',
+                '{"path": "a.tar", "num_utts": 2}']:
+        (tmp_path / "data.list").write_text(lines[0] + "\n" + bad + "\n")
+        with pytest.raises(ConfigError, match=r"data.list:2: not a shard data.list line.*make_shard_list"):
+            build_dataset(str(tmp_path / "data.list"), tokenizer, conf)
 
 
 def test_write_shard_leaves_out_unreadable_sources(tmp_path, entries):
@@ -138,8 +226,7 @@ def test_raw_and_shard_give_identical_utterances_with_dynamic_batches(tmp_path, 
         conf = {"data_type": data_type, "batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 1500},
                 "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
         keys, skipped, frames = [], Counter(), 0
-        resolved = resolve_dataset_conf(conf)
-        for batch in build_dataloader(build_dataset(str(data_list), tokenizer, resolved), resolved.dataloader_conf):
+        for batch in build_dataloader(build_dataset(str(data_list), tokenizer, conf)):
             keys += batch["keys"]
             skipped.update(batch["num_skipped"])
             frames += int(batch["feats_lengths"].sum())
@@ -155,9 +242,7 @@ def test_bucket_batching_through_the_shard_pipeline(tmp_path, entries, tokenizer
     (tmp_path / "shard.list").write_text(str(tmp_path / "s.tar") + "\n")
     conf = {"data_type": "shard", "dataloader_conf": {"num_workers": 0},
             "batch_conf": {"batch_type": "bucket", "bucket_boundaries": [300], "bucket_batch_sizes": [3, 2]}}
-    resolved = resolve_dataset_conf(conf)
-    batches = list(build_dataloader(build_dataset(str(tmp_path / "shard.list"), tokenizer, resolved),
-                                    resolved.dataloader_conf))
+    batches = list(build_dataloader(build_dataset(str(tmp_path / "shard.list"), tokenizer, conf)))
     assert sorted(k for b in batches for k in b["keys"]) == sorted(e["key"] for e in entries)
     for b in batches:
         short = bool(b["feats_lengths"].max() < 300)

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.text.tokenizer import CharTokenizer, init_tokenizer, read_symbol_table, write_symbol_table
+from toolkit.text.tokenizer import (BpeTokenizer, CharTokenizer, check_model_fits_table, init_tokenizer,
+                                    read_symbol_table, write_symbol_table)
 from toolkit.utils.common import UNK_ID
+from toolkit.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -76,19 +78,92 @@ def test_bpe_round_trip_on_shipped_transcripts(tmp_path, model_type):
         assert tok.detokenize(ids) == (text, tokens)
 
 
-def test_read_symbol_table_rejects_bad_tables(tmp_path):
+REBUILD = "write the table with tools/make_dict.py"
+
+
+@pytest.mark.parametrize("table, message", [
+    ("<blank> 0\n<unk> 1\nA 3\n<sos/eos> 4\n", r"bad.txt: ids must be exactly 0..3, but id 2 is missing"),
+    ("<blank> 0\n<unk> 1\nA 2\nB 2\n<sos/eos> 3\n", r"bad.txt:4: id 2 already on line 3"),
+    ("<blank> 0\n<unk> 1\nA 2\nA 3\n<sos/eos> 4\n", r"bad.txt:4: symbol 'A' already on line 3"),
+    ("<blank> 0\nA 1\n<unk> 2\n<sos/eos> 3\n", r"bad.txt:3: <unk> must have id 1, found 2"),
+    ("<blank> 0\n<unk> 1\n<sos/eos> 2\nA 3\n", r"bad.txt:3: <sos/eos> must have id 3 \(the last id\), found 2"),
+    ("<blank> 0\n<unk> 1\nA B 2\n<sos/eos> 3\n", r"bad.txt:3: expected 'symbol id', got 'A B 2'"),
+    ("<blank> 0\n<unk> 1\nA 2\n", r"bad.txt: no <sos/eos> line"),
+])
+def test_bad_symbol_tables_are_one_line_config_errors_naming_file_and_line(tmp_path, table, message):
     path = tmp_path / "bad.txt"
-    path.write_text("<blank> 0\n<unk> 1\nA 3\n<sos/eos> 4\n")
-    with pytest.raises(ValueError, match="ids must be"):
+    path.write_text(table)
+    with pytest.raises(ConfigError, match=message) as err:
         read_symbol_table(str(path))
-    path.write_text("<blank> 0\nA 1\n<unk> 2\n<sos/eos> 3\n")
-    with pytest.raises(ValueError, match="<unk> must have id 1"):
-        read_symbol_table(str(path))
+    assert REBUILD in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_table_and_bad_tokenizer_conf_are_config_errors(tmp_path, lj_char_table):
+    with pytest.raises(ConfigError, match="symbol table not found: .*none.txt"):
+        read_symbol_table(str(tmp_path / "none.txt"))
+    with pytest.raises(ConfigError, match=r"exactly the keys \['bpe_model', 'symbol_table_path'\]"):
+        init_tokenizer("bpe", {"symbol_table_path": lj_char_table})
+    with pytest.raises(ConfigError, match="cannot load SentencePiece model"):
+        init_tokenizer("bpe", {"symbol_table_path": lj_char_table, "bpe_model": str(tmp_path / "none.model")})
+
+
+def test_literal_unk_is_one_unit_and_never_a_dict_entry(tmp_path):
+    """The unk-literal case: make_dict.py on a transcript holding "<unk>", then the char tokenizer."""
+    text = tmp_path / "text"
+    text.write_text("u1 HELLO <unk> WORLD\nu2 IT IS OKAY\nu3 A<blank>B <sos/eos>\n")
+    table = tmp_path / "units.txt"
+    write_symbol_table(make_dict.collect_units(str(text)), str(table))
+    symbols = set(read_symbol_table(str(table)))
+    assert symbols == set("HELOWRDITSKAYB") | {"▁", "<blank>", "<unk>", "<sos/eos>"}  # no < > u n k / s e o
+    tok = CharTokenizer(str(table))
+    units, ids = tok.tokenize("HELLO <unk> WORLD")
+    assert units == list("HELLO") + ["▁", "<unk>", "▁"] + list("WORLD")
+    assert ids.count(UNK_ID) == 1 and ids[6] == UNK_ID
+    assert tok.detokenize(ids)[0] == "HELLO <unk> WORLD"
+    units, ids = tok.tokenize("A<unk>B <blank> <sos/eos>")  # inside a word too; never the blank or end id
+    assert units == ["A", "<unk>", "B", "▁", "<blank>", "▁", "<sos/eos>"]
+    assert ids == [tok.symbol_table["A"], UNK_ID, tok.symbol_table["B"], tok.symbol_table["▁"], UNK_ID,
+                   tok.symbol_table["▁"], UNK_ID]
+
+
+def test_literal_unk_is_one_unit_with_a_lowercase_bpe_model(tmp_path):
+    text = tmp_path / "text"
+    lines = [t.lower() for t in transcripts("tiny_lj")]
+    text.write_text("".join(f"utt{i} {t}\n" for i, t in enumerate(lines)) + "extra the <unk> of <unk>\n")
+    table = spm_train.train(str(text), str(tmp_path / "bpe"), "unigram", 60)
+    pieces = set(read_symbol_table(table)) - {"<blank>", "<unk>", "<sos/eos>"}
+    assert not [p for p in pieces if "<" in p or ">" in p]  # nothing learned from the literal
+    tok = init_tokenizer("bpe", {"bpe_model": str(tmp_path / "bpe.model"), "symbol_table_path": table})
+    tokens, ids = tok.tokenize("the <unk> of the")
+    assert ids.count(UNK_ID) == 1 and tokens[ids.index(UNK_ID)] == "<unk>"  # not "<" and ">" as two unknowns
+    assert tok.detokenize(ids)[0] == "the <unk> of the"
+    assert tok.tokenize("the ") == tok.tokenize("the")  # text without a special symbol: SentencePiece alone
+    tokens, ids = tok.tokenize("of<unk>the")  # no word boundary is invented around a literal inside a word
+    assert tok.detokenize(ids)[0] == "of<unk>the" and ids.count(UNK_ID) == 1
+
+
+def test_bpe_table_of_another_model_is_refused(tmp_path, lj_char_table):
+    text_file = tmp_path / "text"
+    text_file.write_text("".join(f"utt{i} {t}\n" for i, t in enumerate(transcripts("tiny_lj"))))
+    spm_train.train(str(text_file), str(tmp_path / "bpe"), "unigram", 60)
+    with pytest.raises(ConfigError, match=r"units.txt does not belong to SentencePiece model .*bpe.model"):
+        BpeTokenizer(str(tmp_path / "bpe.model"), lj_char_table)
+
+
+def test_model_output_dim_must_match_the_table(lj_char_table):
+    tok = CharTokenizer(lj_char_table)
+    size = tok.vocab_size()
+    check_model_fits_table(tok, size, "exp/train.yaml")
+    with pytest.raises(ConfigError, match=rf"has {size} symbols \(<sos/eos> = {size - 1}\), but the model "
+                                          rf"\(exp/train.yaml\) has output_dim {size + 1} \(<sos/eos> = {size}\)"):
+        check_model_fits_table(tok, size + 1, "exp/train.yaml")
+    with pytest.raises(ConfigError, match="exp/train.yaml has no output_dim"):
+        check_model_fits_table(tok, None, "exp/train.yaml")
 
 
 def test_init_tokenizer_unknown_name_lists_choices(lj_char_table):
     assert isinstance(init_tokenizer("char", {"symbol_table_path": lj_char_table}), CharTokenizer)
-    with pytest.raises(ValueError, match=r"\['bpe', 'char'\]"):
+    with pytest.raises(ConfigError, match=r"\['bpe', 'char'\]"):
         init_tokenizer("word", {"symbol_table_path": lj_char_table})
 
 

@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from toolkit.utils.checkpoint import list_checkpoints, load_checkpoint, load_info, save_checkpoint
+from toolkit.utils.checkpoint import finite_cv_loss, list_checkpoints, load_checkpoint, load_info, save_checkpoint
 
 
 def test_save_then_load_round_trip(tmp_path):
@@ -61,3 +61,10 @@ def test_a_crash_while_overwriting_never_pairs_new_weights_with_the_old_metadata
     assert list_checkpoints(str(tmp_path)) == []  # the new weights are not committed, and nothing claims they are
     with pytest.raises(FileNotFoundError, match="never finished"):
         load_checkpoint(path)
+
+
+def test_only_a_finite_cv_loss_ranks():
+    assert finite_cv_loss({"cv_loss": 1.5}) == 1.5 and finite_cv_loss({"cv_loss": 2}) == 2.0
+    for bad in (float("nan"), float("inf"), float("-inf"), None, "nan", True):
+        assert finite_cv_loss({"cv_loss": bad}) is None
+    assert finite_cv_loss({}) is None

@@ -1,0 +1,85 @@
+"""What stage 5 of the recipe decodes with: recognize.py refuses a symbol table that does not fit the model (the
+dict-model-mismatch case) or that is itself broken, with one log line and exit status 2, before it writes any
+result; ``run.sh --average_num 0`` decodes the newest committed epoch by its number."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from toolkit.models.registry import init_model
+from toolkit.text.tokenizer import write_symbol_table
+from toolkit.utils.checkpoint import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+UNITS = list("EFGHINORSTUVWXZ") + ["▁"]  # tiny_fsdd's letters: 19 symbols with <blank>, <unk>, <sos/eos>
+
+
+def make_model(tmp_path, checkpoint="m.pt"):
+    """A random-init tiny conformer with 19 outputs (``checkpoint``), its train.yaml and a 2-utterance tiny_fsdd test
+    list, all in ``tmp_path``."""
+    write_symbol_table(UNITS, str(tmp_path / "units19.txt"))
+    write_symbol_table([u for u in UNITS if u != "X"], str(tmp_path / "units18.txt"))
+    (tmp_path / "dup.txt").write_text((tmp_path / "units19.txt").read_text().replace("F 3\n", "F 2\n"))
+    conf = yaml.safe_load(open(ROOT / "examples/english/s0/conf/train_tiny.yaml"))
+    conf.update(cmvn=None, output_dim=19, input_dim=80)
+    conf["tokenizer_conf"]["symbol_table_path"] = str(tmp_path / "units19.txt")
+    conf["encoder_conf"].update(output_size=32, num_blocks=1, linear_units=32)
+    conf["decoder_conf"].update(linear_units=32)
+    torch.manual_seed(0)
+    save_checkpoint(str(tmp_path / checkpoint), {"model": init_model(conf).state_dict()}, {"tag": "x"})
+    yaml.safe_dump(conf, open(tmp_path / "train.yaml", "w"))
+    with open(tmp_path / "test.list", "w") as f:
+        for key in ("theo-0-00", "theo-1-00"):
+            wav = str(ROOT / f"corpora/tiny_fsdd/wav/{key}.wav")
+            f.write(json.dumps({"key": key, "wav": wav, "txt": "ZERO"}) + "\n")
+
+
+def decode(tmp_path, table):
+    cmd = [sys.executable, "-m", "toolkit.bin.recognize", "--config", str(tmp_path / "train.yaml"),
+           "--checkpoint", str(tmp_path / "m.pt"), "--test_data", str(tmp_path / "test.list"),
+           "--result_dir", str(tmp_path / f"result-{table}"), "--modes", "ctc_greedy_search",
+           "--override_config", f"tokenizer_conf.symbol_table_path {tmp_path / table}"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_a_table_that_does_not_fit_the_model_is_refused_in_one_line(tmp_path):
+    make_model(tmp_path)
+    control = decode(tmp_path, "units19.txt")
+    assert control.returncode == 0, control.stderr[-2000:]
+    assert len((tmp_path / "result-units19.txt" / "ctc_greedy_search" / "text").read_text().splitlines()) == 2
+    expected = {"units18.txt": "units18.txt has 18 symbols (<sos/eos> = 17), but the model "
+                               f"({tmp_path / 'train.yaml'}) has output_dim 19 (<sos/eos> = 18)",
+                "dup.txt": "dup.txt:4: id 2 already on line 3"}
+    for table, message in expected.items():
+        proc = decode(tmp_path, table)
+        assert proc.returncode == 2
+        errors = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(errors) == 1 and " ERROR " in errors[0] and message in errors[0], proc.stderr[-2000:]
+        assert not (tmp_path / f"result-{table}").exists()
+
+
+def test_average_num_0_decodes_the_newest_epoch_by_number(tmp_path):
+    """A model dir with "_" in its name once made ``sort -t_`` pick epoch_9 over epoch_10."""
+    model_dir = tmp_path / "my_exp_dir"
+    model_dir.mkdir()
+    make_model(model_dir, "epoch_10.pt")
+    save_checkpoint(str(model_dir / "epoch_9.pt"), {"model": {}}, {"epoch": 9})  # decoding it would fail
+    save_checkpoint(str(model_dir / "epoch_11.pt"), {"model": {}}, {"epoch": 11})
+    os.remove(model_dir / "epoch_11.yaml")  # an unfinished save: never decoded
+    data = tmp_path / "data" / "test_fsdd"
+    data.mkdir(parents=True)
+    os.replace(model_dir / "test.list", data / "data.list")
+    (data / "text").write_text("theo-0-00 ZERO\ntheo-1-00 ONE\n")
+    proc = subprocess.run(["bash", str(ROOT / "run.sh"), "--stage", "5", "--stop_stage", "5", "--average_num", "0",
+                           "--corpora", "fsdd", "--data", str(tmp_path / "data"), "--dir", str(model_dir),
+                           "--decode_modes", "ctc_greedy_search", "--nproc_per_node", "1"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"stage 5: decoding the newest epoch as it is: {model_dir}/epoch_10.pt" in proc.stdout
+    assert len((model_dir / "test_fsdd" / "ctc_greedy_search" / "text").read_text().splitlines()) == 2
