@@ -5,6 +5,8 @@ arguments, checked against the constructor so a typo fails loudly instead of bei
 """
 import inspect
 
+import torch
+
 from toolkit.models.transformer.asr_model import ASRModel
 from toolkit.models.transformer.cmvn import GlobalCMVN, load_global_cmvn
 from toolkit.models.transformer.ctc import CTC
@@ -41,6 +43,22 @@ def _lookup(section: str, name: str, table: dict) -> type:
     return table[name]
 
 
+def _finite_cmvn(cmvn_file: str) -> GlobalCMVN:
+    """Global CMVN from ``cmvn_file``, refused when a bin's mean or inverse std is NaN or infinite (stats summed
+    over audio holding NaN samples): every feature, every loss and so every update would be NaN.
+
+    Raises:
+        ConfigError: naming the file and the bins.
+    """
+    mean, istd = load_global_cmvn(cmvn_file)
+    bad = (~(torch.isfinite(mean) & torch.isfinite(istd))).nonzero().flatten().tolist()
+    if bad:
+        raise ConfigError(f"cmvn_conf.cmvn_file {cmvn_file}: NaN or infinite statistics in {len(bad)} of "
+                          f"{mean.numel()} bins (first {bad[:5]}); recompute it with tools/compute_cmvn_stats.py, "
+                          "which skips audio holding NaN or infinite samples")
+    return GlobalCMVN(mean, istd)
+
+
 def init_model(configs: dict) -> ASRModel:
     """Instantiate the model described by a training config.
 
@@ -56,8 +74,8 @@ def init_model(configs: dict) -> ASRModel:
 
     Raises:
         ConfigError: unknown encoder/decoder/cmvn name or unknown ``*_conf`` key (the message
-            lists the valid ones). KeyError: ``input_dim`` or ``output_dim`` missing.
-            OSError: unreadable CMVN file.
+            lists the valid ones), or CMVN statistics that are not finite. KeyError: ``input_dim``
+            or ``output_dim`` missing. OSError: unreadable CMVN file.
     """
     input_dim = configs["input_dim"]
     vocab_size = configs["output_dim"]
@@ -66,7 +84,7 @@ def init_model(configs: dict) -> ASRModel:
     if cmvn is not None:
         if cmvn not in CMVNS:
             raise ConfigError(f"cmvn: unknown name {cmvn!r}; valid: {list(CMVNS)} or null")
-        global_cmvn = GlobalCMVN(*load_global_cmvn(configs["cmvn_conf"]["cmvn_file"]))
+        global_cmvn = _finite_cmvn(configs["cmvn_conf"]["cmvn_file"])
 
     encoder_cls = _lookup("encoder", configs.get("encoder", "conformer"), ENCODERS)
     encoder = encoder_cls(input_dim, global_cmvn=global_cmvn,
