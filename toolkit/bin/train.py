@@ -120,9 +120,7 @@ def main(argv=None) -> None:
     model = init_model(configs)
     # 6. TorchScript check and parameter count
     trace_and_print_model(model, ctx.is_main)
-    # 7. tensorboard (rank 0 only)
-    writer = init_summarywriter(args.tensorboard_dir, args.model_dir, ctx.is_main)
-    # 8. optimizer, scheduler, engine (DDP wrap on CPU or GPU)
+    # 7. optimizer, scheduler, engine (DDP wrap on CPU or GPU)
     optimizer, scheduler = init_optimizer_and_scheduler(
         model.parameters(), configs["optim"], configs["optim_conf"], configs["scheduler"],
         configs["scheduler_conf"])
@@ -133,7 +131,7 @@ def main(argv=None) -> None:
                          keep_shards=args.deepspeed_shards == "keep")
     engine.prepare(model, optimizer, scheduler)
     join = init_join(train_conf, is_empty=lambda batch: len(batch["keys"]) == 0)
-    # 9. checkpoints (engine state + saver hooks: progress, per-rank RNG and epoch statistics); resume
+    # 8. checkpoints (engine state + saver hooks: progress, per-rank RNG and epoch statistics); resume
     progress = TrainProgress(data_seed=train_conf["seed"], data_signature=json.dumps(
         [ctx.world_size, args.train_data, configs["dataset_conf"], train_conf["accum_grad"]], sort_keys=True))
     running = RunningEpochStats()
@@ -143,8 +141,10 @@ def main(argv=None) -> None:
     checkpointer.register("epoch_stats", running, main_process_only=False)
     if args.checkpoint:
         resume(checkpointer, args.checkpoint, progress, train_set)
-    else:  # 10. the initial model, so a run killed in epoch 0 still leaves a loadable model
+    else:  # 9. the initial model, so a run killed in epoch 0 still leaves a loadable model
         checkpointer.save("init", {"epoch": -1, "step": 0, "tag": "init"})
+    # 10. tensorboard (rank 0 only); points an abandoned run logged after the resumed step are purged
+    writer = init_summarywriter(args.tensorboard_dir, args.model_dir, ctx.is_main, purge_step=progress.step + 1)
     # 11. epochs: train, cross-validate on every rank, save collectively
     max_epoch = train_conf["max_epoch"]
     utts_per_rank = -(-count_utterances(args.train_data, configs["dataset_conf"]) // ctx.world_size)

@@ -149,7 +149,8 @@ def resolve_train_conf(config: dict) -> dict:
 
     Raises:
         ConfigError: an unknown ``train_conf`` key (message lists the valid ones), a bad dtype, a non-positive
-            ``accum_grad``/``max_epoch``, a negative checkpoint interval/retention count, a ``join_mode`` not in
+            ``accum_grad``/``max_epoch``, a ``grad_clip`` that is not a finite number >= 0 (NaN, inf, negative,
+            a string), a negative checkpoint interval/retention count, a ``join_mode`` not in
             ``JOIN_MODE_CHOICES`` or a non-positive ``join_timeout_s``.
     """
     given = config.get("train_conf") or {}
@@ -167,6 +168,10 @@ def resolve_train_conf(config: dict) -> dict:
     for key in ("save_interval_steps", "keep_last_n", "keep_best_n"):
         if isinstance(conf[key], bool) or not isinstance(conf[key], int) or conf[key] < 0:
             raise ConfigError(f"train_conf.{key} must be a non-negative integer (0 disables), got {conf[key]!r}")
+    clip = conf["grad_clip"]
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip < math.inf:
+        raise ConfigError(f"train_conf.grad_clip must be a finite number >= 0 (the max global L2 norm of the "
+                          f"gradients; 0 disables clipping), got {clip!r}")
     minutes = conf["save_interval_minutes"]
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes >= 0 or minutes == math.inf:
         raise ConfigError(f"train_conf.save_interval_minutes must be a non-negative number, got {minutes!r}")

@@ -68,3 +68,22 @@ def test_nan_and_inf_seconds_are_rejected(key):
     for value in (float("nan"), float("inf")):
         with pytest.raises(ConfigError, match=f"train_conf.{key}"):
             resolve_train_conf({"train_conf": {key: value}})
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-1", "1e999"])
+def test_grad_clip_must_be_a_finite_non_negative_number(text):
+    # Through the command line as a user types it: parsed as a float, then refused in one line naming the key.
+    config = apply_overrides({"train_conf": {"grad_clip": 5.0}}, [f"train_conf.grad_clip {text}"])
+    with pytest.raises(ConfigError, match=r"train_conf.grad_clip must be a finite number >= 0 .*0 disables"):
+        resolve_train_conf(config)
+
+
+@pytest.mark.parametrize("value", [float("nan"), "5", True, None])
+def test_grad_clip_of_another_type_is_refused(value):
+    with pytest.raises(ConfigError, match="train_conf.grad_clip"):
+        resolve_train_conf({"train_conf": {"grad_clip": value}})
+
+
+def test_grad_clip_zero_disables_clipping_and_integers_are_numbers():
+    assert resolve_train_conf({"train_conf": {"grad_clip": 0}})["grad_clip"] == 0
+    assert resolve_train_conf({"train_conf": {"grad_clip": 1}})["grad_clip"] == 1
