@@ -228,8 +228,7 @@ def train_one_epoch(engine: Engine, join: FlagJoin | MonitoredBarrierJoin, datal
             with engine.autocast():
                 out = model(*_to_device(batch, engine.ctx.device))
             loss = float(out["loss"].detach())
-            finite = math.isfinite(loss)
-            with contextlib.nullcontext() if finite else _gradients_zeroed(engine.module):
+            with contextlib.nullcontext() if math.isfinite(loss) else _gradients_zeroed(engine.module):
                 engine.backward(out["loss"] / accum_grad)
         _log_left_out(batch, loss, out.get("excluded"), f"epoch {progress.epoch} step {progress.step + 1}")
         stats.add(batch, loss, out.get("excluded"))

@@ -107,6 +107,7 @@ class ASRModel(nn.Module):
         target_lengths = target_lengths.masked_fill(excluded, 0)
         loss_ctc = loss_att = th_accuracy = None
         if self.ctc_weight > 0.0:
+            # An excluded row of 0 frames reads 1 (padding): its empty-target loss is finite, then weighted 0.
             per_utt = self.ctc(encoder_out, encoder_lens.clamp(min=1), target, target_lengths)
             kept = (~excluded).sum().clamp(min=1)
             loss_ctc = per_utt.masked_fill(excluded, 0.0).sum() / kept

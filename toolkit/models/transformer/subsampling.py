@@ -42,7 +42,7 @@ class Conv2dSubsampling4(nn.Module):
     def output_lengths(lengths: torch.Tensor) -> torch.Tensor:
         """int64 (B,) input frames -> int64 (B,) valid output frames, ``((l - 1) // 2 - 1) // 2``
         and 0 for ``l`` < 7."""
-        return ((lengths - 1) // 2 - 1).div(2, rounding_mode="floor").clamp(min=0)
+        return (((lengths - 1) // 2 - 1) // 2).clamp(min=0)
 
     def forward(self, x: torch.Tensor, x_mask: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
