@@ -44,7 +44,10 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--beam_size", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--ctc_weight", type=float, default=0.5, help="CTC weight in attention rescoring")
-    parser.add_argument("--length_penalty", type=float, default=0.0)
+    parser.add_argument("--length_penalty", type=float, default=0.0,
+                        help="score bonus per output token in attention and attention_rescoring (> 0 favours "
+                             "longer outputs); attention then ranks by score per decoding step (GNMT-style length "
+                             "normalisation, so an early <eos> does not win at wide beams)")
     parser.add_argument("--num_threads", type=int, default=0, help="CPU threads (0: torch default)")
     return parser.parse_args(argv)
 
@@ -82,6 +85,7 @@ def main(argv=None) -> None:
         os.makedirs(os.path.join(args.result_dir, mode), exist_ok=True)
         outputs[mode] = open(os.path.join(args.result_dir, mode, "text"), "w", encoding="utf-8")
     skipped = Counter()
+    no_frame = 0
     with open(args.test_data, encoding="utf-8") as f:
         total = sum(1 for line in f if line.strip())
     with torch.no_grad(), tqdm(total=total, unit="utt", desc="decode") as bar:
@@ -89,6 +93,11 @@ def main(argv=None) -> None:
             skipped.update(batch.get("num_skipped", {}))
             if len(batch["keys"]) == 0:
                 continue
+            encoder_frames = model.encoder.output_lengths(batch["feats_lengths"]).tolist()
+            for key in [key for key, n in zip(batch["keys"], encoder_frames) if n == 0]:
+                # NOTE: ASRModel.decode gives such a clip the empty hypothesis in every mode, in any batch.
+                logging.warning("%s: under 7 fbank frames, no encoder frame: empty hypothesis", key)
+                no_frame += 1
             hyps = model.decode(args.modes, batch["feats"].to(device), batch["feats_lengths"].to(device),
                                 beam_size=args.beam_size, ctc_weight=args.ctc_weight,
                                 length_penalty=args.length_penalty)
@@ -101,6 +110,8 @@ def main(argv=None) -> None:
         out.close()
     if skipped:
         logging.warning("skipped utterances by reason: %s (scored as deletions)", dict(skipped))
+    if no_frame:
+        logging.warning("%d utterance(s) too short for the encoder got an empty hypothesis", no_frame)
     logging.info("wrote %s", ", ".join(os.path.join(args.result_dir, mode, "text") for mode in args.modes))
 
 

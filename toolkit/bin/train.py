@@ -110,7 +110,6 @@ def main(argv=None) -> None:
     engine = wrap_cuda_model(args, ctx, config, model, optimizer, scheduler)
     # 6. everything checked: rank 0 writes the effective train.yaml (it alone rebuilds the model for decoding)
     run_on_main(_save_config, (config, args.model_dir))
-    writer = init_summarywriter(args.tensorboard_dir, args.model_dir, ctx.is_main)
     # 7. the executor (join, checkpoints with its saver hooks); resume, or save the initial model
     join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s,
                      is_empty=lambda batch: len(batch["keys"]) == 0)
@@ -118,19 +117,22 @@ def main(argv=None) -> None:
                             train_conf.accum_grad], sort_keys=True)
     executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
                         config.dataset_conf.fbank_conf.frame_shift_s, signature,
-                        count_utterances(args.train_data, config.dataset_conf.data_type), writer)
+                        count_utterances(args.train_data, config.dataset_conf.data_type))
     if args.checkpoint:
         executor.resume(args.checkpoint, train_set)
     else:  # a run killed in epoch 0 still leaves a loadable model
         save_model(executor.checkpointer, {"epoch": -1, "step": 0, "tag": "init"})
-    # 8. epochs: train, cross-validate on every rank, save collectively
+    # 8. tensorboard (rank 0); the points an abandoned run logged after the resumed step are purged
+    writer = executor.writer = init_summarywriter(args.tensorboard_dir, args.model_dir, ctx.is_main,
+                                                  purge_step=executor.progress.step + 1)
+    # 9. epochs: train, cross-validate on every rank, save collectively
     for epoch in executor.epochs():
         train_stats = executor.train(train_loader, train_set)
         require_utterances(train_stats, f"epoch {epoch} trained", args.train_data)
         cv_stats = executor.cv(cv_loader)
         require_utterances(cv_stats, f"epoch {epoch} cross-validated", args.cv_data)
         save_model(executor.checkpointer, executor.epoch_info(train_stats, cv_stats))
-    # 9. tear down (gloo may abort at exit without it)
+    # 10. tear down (gloo may abort at exit without it)
     if writer is not None:
         writer.close()
     join.close()

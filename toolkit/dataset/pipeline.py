@@ -18,10 +18,12 @@ decoding consume it)::
 A worker whose every remaining sample was skipped yields one batch with B=0 (``feats`` of shape ``(0, 0, D)``,
 ``target`` of shape ``(0, 0)``) so that its skip counts are not lost; consumers must read ``num_skipped`` and
 then skip B=0 batches. Skip reasons: ``bad_line``, ``missing_audio``, ``unreadable_audio``, ``empty_audio``,
-``empty_text``, ``all_unknown``, ``unknown_token``, ``too_short``, ``too_long``, ``too_few_tokens``,
-``too_many_tokens``, ``ratio_too_small``, ``ratio_too_large``, and for shards ``missing_shard``, ``corrupt_shard``,
-``corrupt_member``; each skip is also logged as a warning naming the key (or the shard). Every count is in
-utterances: a lost shard counts the utterances its data.list line records (see :mod:`toolkit.dataset.shard`).
+``non_finite_audio``, ``empty_text``, ``all_unknown``, ``unknown_token``, ``too_short``, ``too_long``,
+``too_few_tokens``, ``too_many_tokens``, ``ratio_too_small``, ``ratio_too_large``, ``non_finite_feats``, and for
+shards ``missing_shard``, ``corrupt_shard``, ``corrupt_member``; each skip is also logged as a warning naming the key
+(or the shard). Every count is in utterances: a lost shard counts the utterances its data.list line records (see
+:mod:`toolkit.dataset.shard`). (The trainer adds ``too_few_encoder_frames`` and ``non_finite_loss`` for utterances
+the model could not score, see :mod:`toolkit.engine.executor`.)
 
 The model is called as ``model(feats, feats_lengths, target, target_lengths)``.
 """

@@ -89,7 +89,9 @@ def read_audio(sample: dict) -> dict:
 
     Raises:
         SkipSample: ``missing_audio`` (no such file), ``unreadable_audio`` (libsndfile cannot decode it),
-            ``empty_audio`` (zero samples, or a segment that starts past the end).
+            ``empty_audio`` (zero samples, or a segment that starts past the end), ``non_finite_audio`` (a float
+            file holding NaN or infinite samples: they would make every feature, the loss and, through the gradient
+            all-reduce, every rank's update NaN).
     """
     path = sample["wav"]
     if "wav_bytes" in sample:
@@ -114,6 +116,10 @@ def read_audio(sample: dict) -> dict:
     if data.shape[0] == 0:
         raise SkipSample("empty_audio", f"{path} has no samples")
     waveform = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
+    finite = np.isfinite(waveform)
+    if not finite.all():
+        raise SkipSample("non_finite_audio", f"{path}: {int((~finite).sum())} of {waveform.shape[0]} samples are "
+                                             "NaN or infinite")
     out = {k: v for k, v in sample.items() if k != "wav_bytes"}
     out.update(waveform=np.ascontiguousarray(waveform), sample_rate=int(sample_rate))
     return out
@@ -248,7 +254,8 @@ def compute_fbank(sample: dict, num_mel_bins: int, frame_length: float, frame_sh
     ``T = 1 + (N - frame_length_samples) // frame_shift_samples``) and drops ``waveform``.
 
     Raises:
-        SkipSample: ``too_short`` when the audio is shorter than one frame.
+        SkipSample: ``too_short`` when the audio is shorter than one frame; ``non_finite_feats`` when finite samples
+            still give a NaN or infinite feature (float samples far outside [-1, 1] overflow the power spectrum).
         ValueError: ``dither`` > 0 without ``rng``.
     """
     sample_rate = sample["sample_rate"]
@@ -262,8 +269,12 @@ def compute_fbank(sample: dict, num_mel_bins: int, frame_length: float, frame_sh
         noise = np.random.default_rng(rng.getrandbits(64)).standard_normal(waveform.shape[0], dtype=np.float32)
         waveform += np.float32(dither) * noise
     feat = _fbank_extractor(sample_rate, num_mel_bins, frame_length, frame_shift).extract(waveform, sample_rate)
+    feat = torch.from_numpy(np.ascontiguousarray(feat, dtype=np.float32))
+    if not bool(torch.isfinite(feat).all()):
+        raise SkipSample("non_finite_feats", f"{sample['wav']}: fbank holds NaN or infinite values (peak sample "
+                                             f"{float(np.abs(sample['waveform']).max()):.3g}, expected within [-1, 1])")
     out = {k: v for k, v in sample.items() if k != "waveform"}
-    out["feat"] = torch.from_numpy(np.ascontiguousarray(feat, dtype=np.float32))
+    out["feat"] = feat
     return out
 
 

@@ -76,8 +76,12 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def step(self) -> float:
-        """Clip, take one optimizer and scheduler step, zero the gradients. Returns the pre-clip gradient norm; a
-        non-finite norm skips the update (the norm is still returned so the caller can log it)."""
+        """Clip, take one optimizer and scheduler step, zero the gradients. Returns the pre-clip global gradient
+        norm (the same on every rank).
+
+        The rule every engine follows: a non-finite norm skips the update on every rank, and the LR scheduler does
+        not advance either (the schedule counts applied updates: DeepSpeed's rule on an fp16 overflow, and
+        Megatron-LM's); the gradients are dropped and the norm is still returned so the caller can log it."""
 
     @abc.abstractmethod
     def zero_grad(self) -> None:

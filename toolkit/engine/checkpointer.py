@@ -13,12 +13,14 @@ Every method that saves is collective (every rank calls it at the same optimizer
   takes its own (when the world size changed they are not restored and a warning says so).
 * Retention: after a save, between the save's barrier and one more, rank 0 alone deletes the oldest committed
   ``step_*``/``epoch_*`` checkpoints beyond ``keep_last_n``, never the one just written and never the
-  ``keep_best_n`` epoch checkpoints with the lowest ``cv_loss`` (the ones ``average_model.py --val_best`` picks).
+  ``keep_best_n`` epoch checkpoints with the lowest finite ``cv_loss`` (:func:`rank_by_cv_loss`, the order
+  ``average_model.py --val_best`` picks in).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any, Callable
@@ -32,6 +34,21 @@ from toolkit.utils.checkpoint import delete_checkpoint, list_checkpoints, load_i
 RETAINED_PREFIXES = ("step_", "epoch_")
 
 
+def rank_by_cv_loss(infos: dict[str, dict]) -> list[str]:
+    """The ``epoch_*`` checkpoints of ``infos`` (``{path: its YAML}``) with a finite ``cv_loss``, lowest first (ties
+    keep the order of ``infos``). One missing ``cv_loss``, NaN (a diverged CV pass) or inf never ranks: sorting NaN
+    among numbers gives no order at all (``sorted`` leaves it wherever it stands, so it can come out "best")."""
+    def score(info: dict) -> float | None:
+        value = info.get("cv_loss")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return float(value)
+
+    scored = [(score(info), path) for path, info in infos.items() if os.path.basename(path).startswith("epoch_")]
+    finite = [(value, index, path) for index, (value, path) in enumerate(scored) if value is not None]
+    return [path for _, _, path in sorted(finite)]
+
+
 def checkpoints_to_delete(infos: dict[str, dict], keep_last_n: int, keep_best_n: int, just_written: str) -> list[str]:
     """Which committed checkpoints retention removes, oldest first.
 
@@ -39,7 +56,8 @@ def checkpoints_to_delete(infos: dict[str, dict], keep_last_n: int, keep_best_n:
         infos: ``{path: its YAML}`` of the ``step_*``/``epoch_*`` checkpoints of one model dir.
         keep_last_n: how many of the newest to keep (by optimizer ``step``; at equal steps an epoch tag counts as
             newer than a step tag); 0 keeps all.
-        keep_best_n: also keep this many ``epoch_*`` checkpoints with the lowest ``cv_loss``.
+        keep_best_n: also keep this many ``epoch_*`` checkpoints with the lowest finite ``cv_loss``
+            (:func:`rank_by_cv_loss`).
         just_written: never deleted, whatever its rank in the order.
     """
     if keep_last_n <= 0:
@@ -50,9 +68,7 @@ def checkpoints_to_delete(infos: dict[str, dict], keep_last_n: int, keep_best_n:
 
     order = sorted(infos, key=newness)
     keep = set(order[-keep_last_n:]) | {just_written}
-    scored = [(float(info["cv_loss"]), path) for path, info in infos.items()
-              if os.path.basename(path).startswith("epoch_") and info.get("cv_loss") is not None]
-    keep |= {path for _, path in sorted(scored)[:keep_best_n]}
+    keep |= set(rank_by_cv_loss(infos)[:keep_best_n])
     return [path for path in order if path not in keep]
 
 

@@ -35,6 +35,7 @@ import glob
 import importlib
 import json
 import logging
+import math
 import os
 import shutil
 from typing import Any, ContextManager
@@ -150,6 +151,16 @@ def disable_shm_op_build() -> None:
     logging.info("deepspeed: skipped building the CPU shared-memory op (inference-only); collectives use gloo")
 
 
+@contextlib.contextmanager
+def _step_skipped(optimizer: torch.optim.Optimizer):
+    """Make ``optimizer.step()`` a no-op inside (an instance attribute shadows the class's method)."""
+    optimizer.step = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        del optimizer.step
+
+
 def _cast_floats(dtype: torch.dtype):
     def hook(module, args):
         return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
@@ -215,12 +226,22 @@ class DeepSpeedEngine(Engine):
 
     def step(self) -> float:
         """Boundary step: DeepSpeed clips, steps the optimizer and the LR scheduler. Returns the pre-clip global
-        gradient norm. Unlike torch_ddp, fp32 at stage 0 does not skip an update on a non-finite norm (DeepSpeed
-        skips only on fp16 overflow)."""
-        own_norm = self._grad_norm() if self.stage == 0 and self.dtype == "fp32" else None
-        self.model.step()
-        norm = self.model.get_global_grad_norm()
-        return float(norm) if norm is not None else own_norm
+        gradient norm.
+
+        A non-finite norm skips the update and the LR step (:meth:`Engine.step`'s rule): DeepSpeed's ZeRO and
+        bf16/fp16 optimizers do it themselves (they flag it as an ``overflow``). NOTE: at stage 0 in fp32 DeepSpeed
+        calls the plain torch optimizer whatever the gradients hold, so here that call is made a no-op for the step
+        and the optimizer is flagged with the same ``overflow`` attribute, which DeepSpeed reads to skip the LR step
+        and count ``skipped_steps``; it then zeroes the gradients as after any step."""
+        if not (self.stage == 0 and self.dtype == "fp32"):
+            self.model.step()
+            return float(self.model.get_global_grad_norm())
+        norm = self._grad_norm()
+        optimizer = self.model.optimizer
+        optimizer.overflow = not math.isfinite(norm)
+        with _step_skipped(optimizer) if optimizer.overflow else contextlib.nullcontext():
+            self.model.step()
+        return norm
 
     def _grad_norm(self) -> float:
         # Stage 0 fp32: after the boundary backward every rank holds the whole averaged gradient in .grad.

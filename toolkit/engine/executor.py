@@ -2,12 +2,33 @@
 
 Batches are the dict documented in :mod:`toolkit.dataset.pipeline`; the model is any module called as
 ``model(feats, feats_lengths, target, target_lengths)`` returning a dict with ``"loss"`` (mean over the batch's
-utterances). Statistics are accumulated per rank as sums and reduced across ranks only after the join block, so the
-reported epoch loss is the exact utterance-weighted mean over every rank's data.
+utterances) and optionally ``"excluded"``, bool (B,), the utterances it left out of that mean because their encoder
+output is too short for their target (see ``ASRModel.forward``). Statistics are accumulated per rank as sums and
+reduced across ranks only after the join block, so the reported epoch loss is the exact utterance-weighted mean over
+every rank's data.
+
+Utterances that reach the model but are not trained (or scored, in cross-validation) are logged by key and counted
+in the epoch's ``skipped`` counts, so trained + dropped + skipped = offered still holds, in utterances:
+
+* ``too_few_encoder_frames``: the ones the model excluded (e.g. 2 encoder frames for a 10-character target: no CTC
+  alignment exists, and ``zero_infinity`` would have scored them 0 silently).
+* ``non_finite_loss``: every utterance of a batch whose loss is NaN or infinite. That batch is not added to the loss
+  sums, and its gradient is replaced by zeros before it reaches ``.grad`` (so before DDP's or DeepSpeed's gradient
+  all-reduce): the other micro-batches of the accumulation and the other ranks' batches still make the step, whose
+  gradient is their sum over ``accum_grad`` x world size, the bad batch counting as zero.
+
+A step whose global gradient norm is still non-finite (e.g. an overflow in the backward pass) is skipped by every
+engine on every rank, and the LR schedule does not advance (see :meth:`Engine.step`); such steps are counted in
+``skipped_steps``.
+
+Tensorboard: every scalar is keyed by the optimizer step (``cv/loss`` and ``train/epoch_loss`` at the epoch's last
+step), so a resumed run's ``purge_step`` (see :func:`toolkit.utils.summary.init_summarywriter`) hides the abandoned
+run's points of every tag alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -31,6 +52,8 @@ from toolkit.utils.config import ConfigError
 from toolkit.utils.rng import RngState
 
 MODEL_INPUT_KEYS = ("feats", "feats_lengths", "target", "target_lengths")
+NON_FINITE_LOSS = "non_finite_loss"
+TOO_FEW_ENCODER_FRAMES = "too_few_encoder_frames"
 
 
 @dataclass
@@ -62,28 +85,37 @@ class EpochStats:
     """Sums over one epoch (per rank until :meth:`reduce` makes them global)."""
 
     num_batches: int = 0
-    num_utts: int = 0
+    num_utts: int = 0  # utterances in the loss sums
     loss_sum: float = 0.0  # sum over utterances of the per-utterance loss
     audio_s: float = 0.0
     skipped: Counter = field(default_factory=Counter)
     dropped_batches: int = 0  # held by this rank when another rank ran out (see toolkit.distributed.join)
     dropped_utts: int = 0  # utterances in those batches: num_utts + dropped_utts + sum(skipped) = data offered
+    skipped_steps: int = 0  # optimizer steps skipped for a non-finite gradient norm (the same on every rank)
 
     @property
     def loss(self) -> float:
         return self.loss_sum / max(self.num_utts, 1)
 
-    def add(self, batch: dict, loss: float | None, frame_shift_s: float = 0.0) -> None:
-        """Count ``batch`` (its skip counts always; its utterances when ``loss`` is given), its audio as
-        ``feats_lengths`` frames of ``frame_shift_s`` seconds."""
+    def add(self, batch: dict, loss: float | None, frame_shift_s: float = 0.0,
+            excluded: torch.Tensor | None = None) -> None:
+        """Count ``batch``, its audio as ``feats_lengths`` frames of ``frame_shift_s`` seconds: ``loss`` None for one
+        the model never saw (B=0); a non-finite ``loss`` counts all its utterances as skipped; ``excluded``
+        (bool (B,)) marks those the model left out of a finite ``loss``."""
         self.skipped.update(batch.get("num_skipped", {}))
         num_utts = len(batch["keys"])
         if loss is None or num_utts == 0:
             return
         self.num_batches += 1
-        self.num_utts += num_utts
-        self.loss_sum += loss * num_utts
         self.audio_s += float(batch["feats_lengths"].sum()) * frame_shift_s
+        if not math.isfinite(loss):
+            self.skipped[NON_FINITE_LOSS] += num_utts
+            return
+        num_excluded = 0 if excluded is None else int(excluded.sum())
+        if num_excluded:
+            self.skipped[TOO_FEW_ENCODER_FRAMES] += num_excluded
+        self.num_utts += num_utts - num_excluded
+        self.loss_sum += loss * (num_utts - num_excluded)
 
     def add_dropped(self, batch: dict) -> None:
         """A batch the join dropped: its utterances count as dropped, its skip counts still count as skipped."""
@@ -100,7 +132,31 @@ class EpochStats:
             skipped.update(counter)
         return EpochStats(num_batches=int(sums[0]), num_utts=int(sums[1]), loss_sum=float(sums[2]),
                           audio_s=float(sums[3]), skipped=skipped, dropped_batches=int(sums[4]),
-                          dropped_utts=int(sums[5]))
+                          dropped_utts=int(sums[5]), skipped_steps=self.skipped_steps)
+
+
+def _log_left_out(batch: dict, loss: float, excluded: torch.Tensor | None, where: str) -> None:
+    """Name the utterances of a batch that reached the model but are not in the loss sums."""
+    if not math.isfinite(loss):
+        logging.warning("%s: loss %s is not finite; %s counted as %s, their gradient zeroed: %s", where, loss,
+                        len(batch["keys"]), NON_FINITE_LOSS, " ".join(batch["keys"]))
+    elif excluded is not None and bool(excluded.any()):
+        keys = [key for key, out in zip(batch["keys"], excluded.tolist()) if out]
+        logging.warning("%s: encoder output too short for the target (no CTC alignment, or no frame); %d counted "
+                        "as %s: %s", where, len(keys), TOO_FEW_ENCODER_FRAMES, " ".join(keys))
+
+
+@contextlib.contextmanager
+def _gradients_zeroed(module: torch.nn.Module) -> Iterator[None]:
+    """Inside, every gradient arriving at a parameter of ``module`` is replaced by zeros before it is accumulated
+    into ``.grad``, hence before DDP's or DeepSpeed's reduction hooks read it. The backward pass itself still runs,
+    so the engines' collectives see the same parameters as for any other batch."""
+    handles = [p.register_hook(torch.zeros_like) for p in module.parameters() if p.requires_grad]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class RunningEpochStats:
@@ -152,12 +208,14 @@ class Executor:
         data_signature: what a mid-epoch resume must find unchanged (world size, data list, dataset_conf,
             accum_grad): the position inside an epoch counts batches of that setup.
         utts_per_epoch: utterances in the training list (all ranks), for the ETA.
-        writer: rank 0's tensorboard ``SummaryWriter`` or None.
+
+    Attributes:
+        writer: rank 0's tensorboard ``SummaryWriter`` (None elsewhere, or to log nothing); set it after
+            :meth:`resume`, which says from which step on it must purge an abandoned run's points.
     """
 
     def __init__(self, engine: Engine, join: FlagJoin | MonitoredBarrierJoin, checkpointer: Checkpointer,
-                 train_conf: TrainConf, frame_shift_s: float, data_signature: str, utts_per_epoch: int = 0,
-                 writer=None):
+                 train_conf: TrainConf, frame_shift_s: float, data_signature: str, utts_per_epoch: int = 0):
         self.engine = engine
         self.join = join
         self.checkpointer = checkpointer
@@ -166,7 +224,7 @@ class Executor:
         self.max_epoch = train_conf.max_epoch
         self.frame_shift_s = frame_shift_s
         self.utts_per_rank = -(-utts_per_epoch // engine.ctx.world_size)
-        self.writer = writer
+        self.writer = None
         self.progress = TrainProgress(data_seed=train_conf.seed, data_signature=data_signature)
         self.running = RunningEpochStats()
         checkpointer.register("progress", self.progress)
@@ -246,9 +304,11 @@ class Executor:
             with engine.accumulate(sync):
                 with engine.autocast():
                     out = model(*_to_device(batch, engine.ctx.device))
-                engine.backward(out["loss"] / self.accum_grad)
-            loss = float(out["loss"].detach())
-            stats.add(batch, loss, self.frame_shift_s)
+                loss = float(out["loss"].detach())
+                with contextlib.nullcontext() if math.isfinite(loss) else _gradients_zeroed(engine.module):
+                    engine.backward(out["loss"] / self.accum_grad)
+            _log_left_out(batch, loss, out.get("excluded"), f"epoch {progress.epoch} step {progress.step + 1}")
+            stats.add(batch, loss, self.frame_shift_s, out.get("excluded"))
             if not sync:
                 continue
             micro = 0
@@ -256,7 +316,9 @@ class Executor:
             grad_norm = engine.step()
             progress.step += 1
             if not math.isfinite(grad_norm):
-                logging.warning("step %d: non-finite grad_norm %s, update skipped", progress.step, grad_norm)
+                stats.skipped_steps += 1
+                logging.warning("step %d: non-finite grad_norm %s, update skipped (the LR schedule does not "
+                                "advance)", progress.step, grad_norm)
             if progress.step % self.log_interval == 0:
                 self._log_step(stats, out, loss, lr, grad_norm)
             # NOTE: only here, at an optimizer-step boundary: a checkpoint never holds half an accumulation.
@@ -305,7 +367,9 @@ class Executor:
                     continue
                 with engine.autocast():
                     out = model(*_to_device(batch, engine.ctx.device))
-                stats.add(batch, float(out["loss"]), self.frame_shift_s)
+                loss = float(out["loss"])
+                _log_left_out(batch, loss, out.get("excluded"), "cross-validation")
+                stats.add(batch, loss, self.frame_shift_s, out.get("excluded"))
         return stats.reduce()
 
     def epoch_info(self, train: EpochStats, cv: EpochStats) -> dict:
@@ -316,7 +380,7 @@ class Executor:
                 "train_loss": train.loss, "train_utts": train.num_utts, "cv_utts": cv.num_utts,
                 "skipped": dict(train.skipped), "cv_skipped": dict(cv.skipped),
                 "dropped_batches": train.dropped_batches, "dropped_utts": train.dropped_utts,
-                "tag": f"epoch_{progress.epoch}"}
+                "skipped_steps": train.skipped_steps, "tag": f"epoch_{progress.epoch}"}
         self._log_epoch(info)
         progress.epoch += 1  # what the checkpoint resumes: the next epoch from its start
         return info
@@ -324,12 +388,13 @@ class Executor:
     @main_process_only
     def _log_epoch(self, info: dict) -> None:
         logging.info("epoch %d done: step %d, train_loss %.3f (%d utts), cv_loss %.3f (%d utts), dropped batches %d "
-                     "(%d utts), skipped utts train %s cv %s", info["epoch"], info["step"], info["train_loss"],
-                     info["train_utts"], info["cv_loss"], info["cv_utts"], info["dropped_batches"],
-                     info["dropped_utts"], info["skipped"], info["cv_skipped"])
+                     "(%d utts), skipped utts train %s cv %s, skipped steps %d", info["epoch"], info["step"],
+                     info["train_loss"], info["train_utts"], info["cv_loss"], info["cv_utts"],
+                     info["dropped_batches"], info["dropped_utts"], info["skipped"], info["cv_skipped"],
+                     info["skipped_steps"])
         if self.writer is not None:
-            self.writer.add_scalar("cv/loss", info["cv_loss"], info["epoch"])
-            self.writer.add_scalar("train/epoch_loss", info["train_loss"], info["epoch"])
+            self.writer.add_scalar("cv/loss", info["cv_loss"], info["step"])
+            self.writer.add_scalar("train/epoch_loss", info["train_loss"], info["step"])
             self.writer.flush()
 
 

@@ -50,13 +50,16 @@ class TorchDDPEngine(Engine):
             self.scaler.unscale_(self.optimizer)
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        applied = math.isfinite(grad_norm)
         if self.scaler is not None:
-            # NOTE: the scaler itself skips the update on inf/nan and lowers its scale.
+            # NOTE: the scaler itself skips the update on inf/nan (the same test: the norm of the unscaled
+            # gradients is then non-finite) and lowers its scale.
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        elif math.isfinite(grad_norm):
+        elif applied:
             self.optimizer.step()
-        self.scheduler.step()
+        if applied:  # NOTE: a skipped update leaves the LR schedule where it is (Engine.step's rule)
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 

@@ -66,12 +66,15 @@ def test_train_skips_bad_input_commits_epochs_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     exp = tmp_path / "exp"
     info = yaml.safe_load(open(exp / "epoch_1.yaml"))
-    assert info["epoch"] == 1 and info["cv_utts"] == 20
-    assert info["skipped"] == {"missing_audio": 1, "unreadable_audio": 1, "empty_text": 1, "unknown_token": 1}
+    # nicolas-8-00/01 (EIGHT, 4 encoder frames) and yweweler-6-01 (SIX, 2) are too short for any CTC alignment.
+    assert info["epoch"] == 1 and info["cv_utts"] == 19 and info["cv_skipped"] == {"too_few_encoder_frames": 1}
+    assert info["skipped"] == {"missing_audio": 1, "unreadable_audio": 1, "empty_text": 1, "unknown_token": 1,
+                               "too_few_encoder_frames": 2}
     # Every good utterance is trained on, except whole batches dropped by the join (ranks hold 42 vs 42 lines
-    # here, so none are).
-    assert info["train_utts"] == num_good
-    for key in ("bad-missing", "bad-corrupt", "bad-empty-text", "bad-unknown-char"):
+    # here, so none are) and the two without a CTC alignment.
+    assert info["train_utts"] == num_good - 2
+    for key in ("bad-missing", "bad-corrupt", "bad-empty-text", "bad-unknown-char", "nicolas-8-00", "nicolas-8-01",
+                "yweweler-6-01"):
         assert key in proc.stderr  # each skip is logged with its key
     # train.yaml alone rebuilds the trained model: its overrides applied, the vocabulary from its symbol table.
     saved = read_config(str(exp / "train.yaml"))

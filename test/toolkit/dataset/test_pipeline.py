@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+import yaml
 
 from toolkit.dataset import resolve_dataset_conf
 from toolkit.dataset.conf import FbankConf
@@ -217,3 +218,36 @@ def test_raw_segments_read_only_their_span(tmp_path, tokenizer):
 def test_sizes_below_their_minimum_are_config_errors(section, key, value):
     with pytest.raises(ConfigError, match=f"dataset_conf.{section}.{key} must be an integer"):
         resolve_dataset_conf({section: {key: value}})
+
+
+def test_non_finite_audio_and_features_are_skipped_named_and_counted(tmp_path, tokenizer, caplog):
+    # Real speech written as float WAVs: one with 10 NaN samples, one with an infinite one, and one whose finite
+    # samples are so far outside [-1, 1] that the fbank overflows. None may reach a batch; each is counted.
+    good = [e for e in kaldi_entries(FSDD, "test") if "Z" not in e["txt"]][:2]
+    speech, rate = sf.read(good[0]["wav"], dtype="float32")
+    nan, inf = speech.copy(), speech.copy()
+    nan[2000:2010] = np.nan
+    inf[3000] = np.inf
+    for name, samples in (("nan.wav", nan), ("inf.wav", inf), ("huge.wav", speech * np.float32(3e37))):
+        sf.write(tmp_path / name, samples, rate, subtype="FLOAT")
+    bad = [({"key": "bad-nan", "wav": str(tmp_path / "nan.wav"), "txt": "ONE"}, "non_finite_audio"),
+           ({"key": "bad-inf", "wav": str(tmp_path / "inf.wav"), "txt": "ONE"}, "non_finite_audio"),
+           ({"key": "bad-huge", "wav": str(tmp_path / "huge.wav"), "txt": "ONE"}, "non_finite_feats")]
+    conf = resolve_dataset_conf({"batch_conf": {"batch_size": 2}, "dataloader_conf": {"num_workers": 0}})
+    for mode in ("train", "cv"):
+        data_list = write_list(tmp_path / f"{mode}.list", [b for b, _ in bad] + good)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            batches = list(build_dataloader(build_dataset(data_list, tokenizer, conf, mode=mode), conf))
+        assert all(torch.isfinite(b["feats"]).all() for b in batches)
+        keys, skipped = collect(batches)
+        assert sorted(keys) == sorted(e["key"] for e in good)
+        assert skipped == Counter({"non_finite_audio": 2, "non_finite_feats": 1})
+        for entry, reason in bad:
+            assert any(entry["key"] in r.getMessage() and reason in r.getMessage() for r in caplog.records)
+    # The nan-audio case: the file alone as a CV list with the recipe's tiny config leaves only a B=0 batch.
+    yaml_conf = resolve_dataset_conf(yaml.safe_load(open(ROOT / "examples/english/s0/conf/train_tiny.yaml"))
+                                     ["dataset_conf"])
+    alone = write_list(tmp_path / "nan.list", [bad[0][0]])
+    (batch,) = list(build_dataloader(build_dataset(alone, tokenizer, yaml_conf, mode="cv"), yaml_conf))
+    assert batch["keys"] == [] and batch["num_skipped"] == {"non_finite_audio": 1}

@@ -11,7 +11,7 @@ import torch
 
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.engine import init_engine
-from toolkit.engine.checkpointer import Checkpointer, checkpoints_to_delete
+from toolkit.engine.checkpointer import Checkpointer, checkpoints_to_delete, rank_by_cv_loss
 from toolkit.engine.executor import EpochStats, RunningEpochStats, TrainProgress
 from toolkit.utils.checkpoint import EXTRA_KEY, delete_checkpoint, load_checkpoint, save_checkpoint
 from toolkit.engine.train_conf import resolve_train_conf
@@ -32,6 +32,19 @@ def test_retention_keeps_the_newest_the_best_and_the_one_just_written():
     # The checkpoint just written survives even when it is the oldest (e.g. after a resume from an early step).
     assert "step_2.pt" not in checkpoints_to_delete(infos, 1, 0, "step_2.pt")
     assert checkpoints_to_delete(infos, 0, 0, "epoch_2.pt") == []  # 0 keeps everything
+
+
+def test_a_non_finite_cv_loss_never_ranks_as_best():
+    # The nan-audio case's three epochs (13.5 / NaN / 11.0): sorted() leaves NaN where it stands, so epoch_1 (or
+    # epoch_0, before it) came out "best". NaN, inf, a missing or a non-numeric cv_loss never rank.
+    infos = {"epoch_0.pt": {"step": 5, "cv_loss": 13.5}, "epoch_1.pt": {"step": 10, "cv_loss": float("nan")},
+             "epoch_2.pt": {"step": 15, "cv_loss": 11.0}, "epoch_3.pt": {"step": 20, "cv_loss": float("inf")},
+             "epoch_4.pt": {"step": 25}, "epoch_5.pt": {"step": 30, "cv_loss": ".nan"},
+             "step_7.pt": {"step": 7, "cv_loss": 1.0}}
+    assert rank_by_cv_loss(infos) == ["epoch_2.pt", "epoch_0.pt"]
+    # keep_last_n 1 (epoch_5) + keep_best_n 2: the two finite ones survive, the NaN epoch is deleted.
+    assert checkpoints_to_delete(infos, 1, 2, "epoch_5.pt") == ["step_7.pt", "epoch_1.pt", "epoch_3.pt",
+                                                                "epoch_4.pt"]
 
 
 def test_delete_removes_the_commit_marker_first_and_the_shard_dir(tmp_path):

@@ -59,5 +59,10 @@ def tiny_fsdd() -> Corpus:
 
 
 @pytest.fixture(scope="session")
+def tiny_fsdd_test() -> Corpus:
+    return Corpus("tiny_fsdd", "test")
+
+
+@pytest.fixture(scope="session")
 def tiny_lj() -> Corpus:
     return Corpus("tiny_lj")

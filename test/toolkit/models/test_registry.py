@@ -8,6 +8,7 @@ from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import ASRModel
 from toolkit.models.transformer.cmvn import GlobalCMVN
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
+from toolkit.utils.config import ConfigError
 
 
 def _config(**overrides) -> Config:
@@ -97,3 +98,11 @@ def test_scripted_encoder_and_decoder_with_cmvn_match_eager(tmp_path, tiny_fsdd)
         assert torch.allclose(out, out_script, atol=1e-6)
         assert torch.allclose(decoder(out, mask, ys_in, ys_lens),
                               model.decoder(out, mask, ys_in, ys_lens), atol=1e-6)
+
+
+def test_non_finite_cmvn_stats_are_refused_naming_the_file(tmp_path):
+    # What compute_cmvn_stats.py wrote before it skipped audio holding NaN samples: NaN sums in every bin.
+    path = tmp_path / "global_cmvn"
+    path.write_text(json.dumps({"mean_stat": [float("nan")] * 80, "var_stat": [404.0] * 80, "frame_num": 2}))
+    with pytest.raises(ConfigError, match=r"global_cmvn: NaN or infinite statistics in 80 of 80 bins \(first \[0, "):
+        init_model(_config(cmvn="global_cmvn", cmvn_conf={"cmvn_file": str(path)}), 80, 30)

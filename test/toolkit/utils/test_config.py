@@ -108,3 +108,17 @@ def test_load_config_errors(tmp_path):
     bad.write_text("train_conf: {max_epoch: 3}\nencoder_layers: 4\n")
     with pytest.raises(ConfigError, match=r"unknown keys \['encoder_layers'\]; valid keys: \['cmvn'"):
         read_config(str(bad))
+
+
+@pytest.mark.parametrize("text", ["nan", ".nan", "inf", ".inf", "-.inf", "-1", "1e999", '"5"', "true", "null"])
+def test_grad_clip_must_be_a_finite_non_negative_number(text):
+    # Through the command line as a user types it: refused in one line naming the key, by the override's own
+    # parse or by the typed section.
+    with pytest.raises(ConfigError, match=r"train_conf.grad_clip"):
+        resolve_train_conf(apply_overrides({"train_conf": {"grad_clip": 5.0}},
+                                           [f"train_conf.grad_clip {text}"])["train_conf"])
+
+
+def test_grad_clip_zero_disables_clipping_and_integers_are_numbers():
+    assert resolve_train_conf({"grad_clip": 0}).grad_clip == 0.0
+    assert resolve_train_conf({"grad_clip": 1}).grad_clip == 1.0

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from toolkit.models.transformer.ctc import CTC
+from toolkit.models.transformer.ctc import CTC, min_ctc_frames
 from toolkit.models.transformer.decoder import TransformerDecoder
 from toolkit.models.transformer.encoder import BaseEncoder
 from toolkit.models.transformer.label_smoothing_loss import LabelSmoothingLoss
@@ -84,6 +84,12 @@ class ASRModel(nn.Module):
                 target_lengths: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
         """Training loss for a batch.
 
+        An utterance whose encoder output is too short for its target is left out of every loss
+        term (it weighs 0, so its gradient is exactly 0) and flagged in ``"excluded"``: with a
+        CTC branch when ``T'`` < its tokens + adjacent repeats (no CTC alignment exists, the
+        loss would be infinite), and always when ``T'`` = 0 (fewer than 7 fbank frames: nothing
+        to attend to). The caller names and counts these (see :mod:`toolkit.engine.executor`).
+
         Args:
             feats: float32 (B, T, D) fbank, zero-padded, 10 ms frames.
             feats_lengths: int64 (B,).
@@ -91,17 +97,29 @@ class ASRModel(nn.Module):
             target_lengths: int64 (B,).
 
         Returns:
-            {"loss": scalar, "loss_ctc": scalar or None, "loss_att": scalar or None,
-            "th_accuracy": float32 scalar (teacher-forced token accuracy, no grad) or None}.
+            {"loss": scalar, mean over the utterances not excluded (0 when none is left),
+            "loss_ctc": scalar or None, "loss_att": scalar or None (same normalisation),
+            "th_accuracy": float32 scalar (teacher-forced token accuracy, no grad) or None,
+            "excluded": bool (B,), True for the utterances left out}.
         """
         encoder_out, encoder_mask = self.encoder(feats, feats_lengths)
         encoder_lens = encoder_mask.squeeze(1).sum(dim=1)
+        excluded = encoder_lens == 0
+        if self.ctc_weight > 0.0:
+            excluded |= encoder_lens < min_ctc_frames(target, target_lengths)
+        # NOTE: an excluded utterance keeps its row (the graph, and so the set of parameters that
+        # get a gradient, stays the same, as DDP requires) but its target becomes empty.
+        target = target.masked_fill(excluded.unsqueeze(1), IGNORE_ID)
+        target_lengths = target_lengths.masked_fill(excluded, 0)
         loss_ctc = loss_att = th_accuracy = None
         if self.ctc_weight > 0.0:
-            loss_ctc = self.ctc(encoder_out, encoder_lens, target, target_lengths)
+            # An excluded row of 0 frames reads 1 (padding): its empty-target loss is finite, then weighted 0.
+            per_utt = self.ctc(encoder_out, encoder_lens.clamp(min=1), target, target_lengths)
+            kept = (~excluded).sum().clamp(min=1)
+            loss_ctc = per_utt.masked_fill(excluded, 0.0).sum() / kept
         if self.ctc_weight < 1.0:
             loss_att, th_accuracy = self._attention_loss(encoder_out, encoder_mask, target,
-                                                         target_lengths)
+                                                         target_lengths, excluded)
         if loss_ctc is None:
             loss = loss_att
         elif loss_att is None:
@@ -109,13 +127,15 @@ class ASRModel(nn.Module):
         else:
             loss = self.ctc_weight * loss_ctc + (1.0 - self.ctc_weight) * loss_att
         return {"loss": loss, "loss_ctc": loss_ctc, "loss_att": loss_att,
-                "th_accuracy": th_accuracy}
+                "th_accuracy": th_accuracy, "excluded": excluded}
 
     def _attention_loss(self, encoder_out: torch.Tensor, encoder_mask: torch.Tensor,
-                        target: torch.Tensor, target_lengths: torch.Tensor
+                        target: torch.Tensor, target_lengths: torch.Tensor, excluded: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Label-smoothed decoder loss and teacher-forced accuracy over non-ignored tokens."""
+        """Label-smoothed decoder loss and teacher-forced accuracy over non-ignored tokens; the
+        rows of ``excluded`` (B,) utterances are all ignored (not even their ``eos`` counts)."""
         ys_in, ys_out = add_sos_eos(target, target_lengths, self.sos, self.eos)
+        ys_out = ys_out.masked_fill(excluded.unsqueeze(1), IGNORE_ID)
         logits = self.decoder(encoder_out, encoder_mask, ys_in, target_lengths + 1)
         loss_att = self.criterion_att(logits, ys_out)
         with torch.no_grad():
@@ -136,7 +156,13 @@ class ASRModel(nn.Module):
             feats: float32 (B, T, D) fbank; feats_lengths: int64 (B,).
             beam_size: beam for prefix beam search, attention and attention rescoring.
             ctc_weight: weight of the CTC prefix score in attention rescoring.
-            length_penalty: per-token bonus in attention and attention rescoring.
+            length_penalty: per-token bonus added to the log-prob score in attention and
+                attention rescoring (0: none). ``attention`` then ranks its finished hypotheses
+                by score per decoding step (see :func:`attention_beam_search`).
+
+        An utterance with no valid encoder frame (fewer than 7 fbank frames, see
+        :meth:`BaseEncoder.output_lengths`) gets the empty hypothesis in every method, alone or in
+        a padded batch; each utterance's result does not depend on the rest of its batch.
 
         Returns:
             {method: B token-id lists in batch order}.

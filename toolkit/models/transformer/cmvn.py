@@ -18,7 +18,8 @@ def load_global_cmvn(cmvn_file: str) -> tuple[torch.Tensor, torch.Tensor]:
 
     Raises:
         ConfigError: the file is missing or unreadable (the message says how to make it or turn CMVN off), is not
-            JSON, lacks a field, the two stat vectors differ in length, or ``frame_num`` is not positive.
+            JSON, lacks a field, the two stat vectors differ in length, ``frame_num`` is not positive, or a bin's
+            mean or inverse standard deviation is not finite.
     """
     try:
         with open(cmvn_file, encoding="utf-8") as f:
@@ -41,8 +42,13 @@ def load_global_cmvn(cmvn_file: str) -> tuple[torch.Tensor, torch.Tensor]:
                           "tools/compute_cmvn_stats.py")
     mean = mean_stat / frame_num
     # E[x^2] - E[x]^2 can dip below zero by rounding on constant bins; the floor keeps istd finite.
-    variance = (var_stat / frame_num - mean * mean).clamp(min=1.0e-20)
-    return mean.float(), variance.rsqrt().float()
+    istd = (var_stat / frame_num - mean * mean).clamp(min=1.0e-20).rsqrt()
+    bad = (~(torch.isfinite(mean) & torch.isfinite(istd))).nonzero().flatten().tolist()
+    if bad:  # stats summed over audio holding NaN samples: every feature, loss and update would be NaN
+        raise ConfigError(f"cmvn_conf.cmvn_file {cmvn_file}: NaN or infinite statistics in {len(bad)} of "
+                          f"{mean.numel()} bins (first {bad[:5]}); recompute it with tools/compute_cmvn_stats.py, "
+                          "which skips audio holding NaN or infinite samples")
+    return mean.float(), istd.float()
 
 
 class GlobalCMVN(nn.Module):

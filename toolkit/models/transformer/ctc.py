@@ -2,7 +2,26 @@
 import torch
 from torch import nn
 
-from toolkit.utils.common import BLANK_ID
+from toolkit.utils.common import BLANK_ID, IGNORE_ID
+from toolkit.utils.mask import make_pad_mask
+
+
+def min_ctc_frames(ys_pad: torch.Tensor, ys_lens: torch.Tensor) -> torch.Tensor:
+    """Fewest frames a CTC alignment of each target needs: its length plus one blank between
+    each pair of equal adjacent labels (Graves et al., 2006, section 3.1), e.g. 5 for "HELLO".
+
+    Args:
+        ys_pad: int64 (B, L) targets padded with IGNORE_ID.
+        ys_lens: int64 (B,) target lengths.
+
+    Returns:
+        int64 (B,).
+    """
+    if ys_pad.size(1) < 2:
+        return ys_lens.clone()
+    valid = ~make_pad_mask(ys_lens, ys_pad.size(1))[:, 1:]
+    repeats = (ys_pad[:, 1:] == ys_pad[:, :-1]) & valid & (ys_pad[:, 1:] != IGNORE_ID)
+    return ys_lens + repeats.sum(dim=1)
 
 
 class CTC(nn.Module):
@@ -21,7 +40,7 @@ class CTC(nn.Module):
 
     def forward(self, hs_pad: torch.Tensor, hlens: torch.Tensor, ys_pad: torch.Tensor,
                 ys_lens: torch.Tensor) -> torch.Tensor:
-        """CTC loss summed over utterances and divided by the batch size B.
+        """CTC loss of each utterance, -log P(y | x) summed over alignments.
 
         Args:
             hs_pad: float32 (B, T', D) encoder output.
@@ -30,13 +49,13 @@ class CTC(nn.Module):
             ys_lens: int64 (B,) target lengths.
 
         Returns:
-            float32 scalar. Utterances too short for their targets (infinite loss) count as 0
-            (``zero_infinity``) so one bad sample cannot turn the batch gradient into NaN.
+            float32 (B,) losses. An utterance with no alignment (``hlens`` < ``ys_lens`` + the
+            number of adjacent repeated labels, see :func:`min_ctc_frames`) gets ``inf``: it is
+            not hidden as 0 (no ``zero_infinity``); the caller leaves such utterances out.
         """
         log_probs = self.ctc_lo(self.dropout(hs_pad)).log_softmax(dim=2)
-        loss = nn.functional.ctc_loss(log_probs.transpose(0, 1), ys_pad, hlens, ys_lens,
-                                      blank=BLANK_ID, reduction="sum", zero_infinity=True)
-        return loss / hs_pad.size(0)
+        return nn.functional.ctc_loss(log_probs.transpose(0, 1), ys_pad, hlens, ys_lens,
+                                      blank=BLANK_ID, reduction="none", zero_infinity=False)
 
     def log_softmax(self, hs_pad: torch.Tensor) -> torch.Tensor:
         """float32 (B, T', D) -> float32 (B, T', V) frame-level log-posteriors."""

@@ -70,6 +70,11 @@ class BaseEncoder(nn.Module):
         """Model size of the encoder output."""
         return self._output_size
 
+    def output_lengths(self, xs_lens: torch.Tensor) -> torch.Tensor:
+        """int64 (B,) fbank frames -> int64 (B,) valid encoder frames (0 for a clip shorter than
+        the front end's receptive field of 7 frames)."""
+        return self.embed.output_lengths(xs_lens)
+
     def forward(self, xs: torch.Tensor, xs_lens: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode a zero-padded batch of fbank features.
@@ -79,13 +84,13 @@ class BaseEncoder(nn.Module):
             xs_lens: int64 (B,) valid frames per utterance.
 
         Returns:
-            encoder_out: float32 (B, T', output_size), T' = ((T - 1) // 2 - 1) // 2 (40 ms frames);
-                values at padded frames are unspecified.
+            encoder_out: float32 (B, T', output_size), T' = ((max(T, 7) - 1) // 2 - 1) // 2
+                (40 ms frames); values at padded frames are unspecified.
             masks: bool (B, 1, T'), True at valid frames; per utterance
-                ((xs_lens - 1) // 2 - 1) // 2 of them.
+                :meth:`output_lengths` of them (0 for fewer than 7 input frames).
 
         Raises:
-            RuntimeError: T < 7 or D differs from ``input_size``.
+            RuntimeError: D differs from ``input_size``.
         """
         masks = ~make_pad_mask(xs_lens, xs.size(1)).unsqueeze(1)
         if self.global_cmvn is not None:

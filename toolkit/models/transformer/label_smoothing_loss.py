@@ -15,7 +15,9 @@ class LabelSmoothingLoss(nn.Module):
         size: vocabulary size V.
         smoothing: probability mass spread over the non-target tokens, in [0, 1).
         padding_idx: target value of padded positions (excluded from loss and normaliser).
-        normalize_length: divide by the number of valid tokens (True) or by the batch size B.
+        normalize_length: divide by the number of valid tokens (True) or by the number of
+            utterances (rows with at least one valid token; a row that is all padding is an
+            utterance left out of the loss and does not count).
 
     Raises:
         ValueError: ``smoothing`` outside [0, 1) or ``size`` < 2.
@@ -40,7 +42,7 @@ class LabelSmoothingLoss(nn.Module):
         Returns:
             float32 scalar loss.
         """
-        batch_size = x.size(0)
+        num_utts = (target != self.padding_idx).any(dim=1).sum().clamp(min=1)
         x = x.reshape(-1, self.size)
         target = target.reshape(-1)
         ignore = target == self.padding_idx
@@ -50,5 +52,5 @@ class LabelSmoothingLoss(nn.Module):
         # kl_div treats 0 * log 0 as 0, so smoothing = 0 reduces exactly to cross entropy.
         kl = nn.functional.kl_div(torch.log_softmax(x, dim=1), true_dist, reduction="none")
         kl = kl.sum(dim=1).masked_fill(ignore, 0.0).sum()
-        denom = (~ignore).sum() if self.normalize_length else batch_size
+        denom = (~ignore).sum().clamp(min=1) if self.normalize_length else num_utts
         return kl / denom

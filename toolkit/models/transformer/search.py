@@ -99,8 +99,18 @@ def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,
                           length_penalty: float = 0.0) -> list[list[int]]:
     """Beam search with the attention decoder, batched over B * beam_size hypotheses.
 
-    Finished hypotheses (last token ``eos``) stay in the beam and can only be extended by
-    ``eos`` at no cost. The search stops when all are finished or after T' steps.
+    Each utterance is searched on its own terms, whatever else is in the batch:
+
+    - Length limit: a hypothesis of an utterance with T'_b valid encoder frames holds at most
+      T'_b tokens; at that length its only continuation is ``eos`` (with the decoder's own
+      ``eos`` log-prob). So 0 valid frames (a clip under 7 fbank frames) give the empty output.
+    - Ranking: hypotheses compete inside the beam on their summed log-probs (plus
+      ``length_penalty`` per token); finished ones stay in the beam and can only be extended by
+      ``eos`` at no cost. The final choice divides each score by its number of decoding steps
+      (tokens + ``eos``), i.e. the mean log-prob per step: the length normalisation of Wu et al.,
+      2016 (GNMT, arXiv:1609.08144, section 7) with exponent 1, fairseq's default
+      (``--lenpen 1``). Raw sums favour stopping early: an ``eos`` at -3 would beat five tokens
+      at -1 each, so an under-trained model decodes to empty outputs at wide beams.
 
     Args:
         decoder: attention decoder (``forward_one_step`` is used with its cache).
@@ -108,13 +118,17 @@ def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,
         memory_mask: bool (B, 1, T'), True at valid frames.
         sos, eos: start and end token ids.
         beam_size: hypotheses kept per utterance, >= 1.
-        length_penalty: added to the score per emitted token (> 0 favours longer outputs).
+        length_penalty: added to the score per emitted token, before the normalisation (> 0
+            favours longer outputs; 0, the default, leaves the normalised log-prob alone).
 
     Returns:
         B token-id lists without ``sos``/``eos``, in batch order.
     """
-    batch, max_len = memory.size(0), memory.size(1)
+    batch = memory.size(0)
+    if batch == 0:
+        return []
     device = memory.device
+    limits = memory_mask.view(batch, -1).sum(dim=1).repeat_interleave(beam_size).unsqueeze(1)
     memory = memory.repeat_interleave(beam_size, dim=0)
     memory_mask = memory_mask.repeat_interleave(beam_size, dim=0)
     hyps = torch.full((batch * beam_size, 1), sos, dtype=torch.long, device=device)
@@ -126,10 +140,13 @@ def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,
     finished = torch.zeros(batch * beam_size, 1, dtype=torch.bool, device=device)
     base = (torch.arange(batch, device=device) * beam_size).unsqueeze(1)
     cache: list[torch.Tensor] | None = None
-    for _ in range(max_len):
+    for step in range(int(limits.max()) + 1):  # up to T'_b tokens, then eos
         if bool(finished.all()):
             break
         log_probs, cache = decoder.forward_one_step(memory, memory_mask, hyps, cache)
+        only_eos = torch.full_like(log_probs, NEG_INF)
+        only_eos[:, eos] = log_probs[:, eos]
+        log_probs = torch.where(limits <= step, only_eos, log_probs)
         top_k = min(beam_size, log_probs.size(1))
         top_log_probs, top_ids = log_probs.topk(top_k, dim=1)
         top_log_probs = top_log_probs + length_penalty * (top_ids != eos)
@@ -146,7 +163,9 @@ def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,
         cache = [layer_cache[source] for layer_cache in cache]
         scores = best_scores.view(-1, 1)
         finished = tokens == eos
-    best = scores.view(batch, beam_size).argmax(dim=1) + base.squeeze(1)
+    # Decoding steps of each hypothesis: its tokens plus the eos (every one has ended here).
+    steps = ((hyps[:, 1:] != eos).cumprod(dim=1).sum(dim=1) + 1).view(batch, beam_size)
+    best = (scores.view(batch, beam_size) / steps).argmax(dim=1) + base.squeeze(1)
     results = []
     for row in hyps[best, 1:].tolist():
         results.append(row[: row.index(eos)] if eos in row else row)

@@ -101,3 +101,79 @@ def test_overfit_four_utterances_all_decoding_methods(tiny_fsdd):
                          lengths[3:], beam_size=4)
     assert alone == {"attention": [results["attention"][3]],
                      "attention_rescoring": [results["attention_rescoring"][3]]}
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_an_utterance_without_ctc_alignment_is_left_out_exactly(tiny_fsdd):
+    feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
+    torch.manual_seed(0)
+    model = _model(len(vocab), 0.3).eval()  # eval: BatchNorm does not mix the utterances
+    short = lengths.clone()
+    short[1] = 12  # 12 fbank frames = 2 encoder frames for "ONE": no CTC alignment exists
+    out = model(feats, short, target, target_lengths)
+    assert out["excluded"].tolist() == [False, True, False, False]
+    out["loss"].backward()
+    with_short = _grads(model)
+    model.zero_grad()
+    kept = [0, 2, 3]
+    alone = model(feats[kept], lengths[kept], target[kept], target_lengths[kept])
+    alone["loss"].backward()
+    # The same loss terms and the same gradient as if the utterance had never been in the batch.
+    for key in ("loss", "loss_ctc", "loss_att", "th_accuracy"):
+        assert torch.allclose(out[key], alone[key], atol=1e-5), key
+    assert with_short.keys() == _grads(model).keys()
+    for name, grad in _grads(model).items():
+        assert torch.allclose(with_short[name], grad, atol=1e-6), name
+
+
+def test_a_batch_of_impossible_utterances_gives_zero_loss_and_zero_gradient(tiny_fsdd):
+    feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
+    model = _model(len(vocab), 0.3)
+    out = model(feats[:, :5], torch.full_like(lengths, 5), target, target_lengths)  # 5 frames: no encoder frame
+    assert out["excluded"].all() and out["loss"].item() == 0.0
+    out["loss"].backward()  # every parameter still gets a gradient (DDP needs it), and it is exactly zero
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_attention_only_excludes_only_utterances_without_encoder_frames(tiny_fsdd):
+    feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
+    model = _model(len(vocab), 0.0).eval()
+    out = model(feats, torch.tensor([12, 5, int(lengths[2]), 6]), target, target_lengths)
+    assert out["excluded"].tolist() == [False, True, False, True]  # 2 frames can still be attended to
+    assert torch.isfinite(out["loss"])
+
+
+def test_clips_under_the_receptive_field_decode_to_empty_alone_and_in_a_batch(tiny_fsdd):
+    feats, lengths, _, _, vocab, _ = _batch(tiny_fsdd)
+    torch.manual_seed(0)
+    model = _model(len(vocab), 0.3).eval()
+    methods = list(DECODING_METHODS)
+    assert model.encoder.output_lengths(torch.tensor([1, 6, 7, 12])).tolist() == [0, 0, 1, 2]
+    for frames in (6, 5, 1):  # under 7 fbank frames (~85 ms): no encoder frame
+        alone = model.decode(methods, feats[:1, :frames], torch.tensor([frames]), beam_size=4)
+        assert alone == {method: [[]] for method in methods}, frames
+    padded = model.decode(methods, feats[:2], torch.tensor([int(lengths[0]), 5]), beam_size=4)
+    assert {method: hyps[1] for method, hyps in padded.items()} == {method: [] for method in methods}
+    first = model.decode(methods, feats[:1, :lengths[0]], lengths[:1], beam_size=4)
+    assert {method: hyps[:1] for method, hyps in padded.items()} == first
+
+
+def test_each_utterance_decodes_the_same_alone_and_in_a_batch(tiny_fsdd_test):
+    # An untrained model that rarely says <eos> (like the start of training): every attention hypothesis runs to its
+    # length limit, which must be the utterance's own encoder length, not the batch's padded one.
+    feats, lengths = tiny_fsdd_test.batch(["theo-6-00", "theo-2-00"])
+    feats = (feats - feats.mean(dim=(0, 1))) / feats.std(dim=(0, 1))
+    torch.manual_seed(0)
+    model = _model(19, 0.3).eval()
+    with torch.no_grad():
+        model.decoder.output_layer.bias[18] = -30.0
+    methods = list(DECODING_METHODS)
+    batched = model.decode(methods, feats, lengths, beam_size=4)
+    for i in range(2):
+        alone = model.decode(methods, feats[i:i + 1, :lengths[i]], lengths[i:i + 1], beam_size=4)
+        assert alone == {method: [hyps[i]] for method, hyps in batched.items()}
+    limit = model.encoder.output_lengths(lengths).tolist()
+    assert [len(hyp) for hyp in batched["attention"]] == limit  # no eos: as many tokens as encoder frames

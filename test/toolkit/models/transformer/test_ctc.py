@@ -1,10 +1,12 @@
+import math
+
 import torch
 
-from toolkit.models.transformer.ctc import CTC
+from toolkit.models.transformer.ctc import CTC, min_ctc_frames
 from toolkit.utils.common import IGNORE_ID
 
 
-def test_loss_is_sum_over_utterances_divided_by_batch():
+def test_loss_is_per_utterance_minus_log_likelihood():
     torch.manual_seed(0)
     ctc = CTC(odim=6, encoder_output_size=8)
     hs = torch.randn(2, 7, 8)
@@ -17,7 +19,8 @@ def test_loss_is_sum_over_utterances_divided_by_batch():
         torch.nn.functional.ctc_loss(log_probs[b, :hlens[b]].unsqueeze(1), ys[b:b + 1, :ys_lens[b]],
                                      hlens[b:b + 1], ys_lens[b:b + 1], reduction="sum")
         for b in range(2)]
-    assert torch.allclose(loss, (per_utt[0] + per_utt[1]) / 2)
+    assert loss.shape == (2,)
+    assert torch.allclose(loss, torch.stack(per_utt))
 
 
 def test_single_frame_single_token_loss_is_minus_log_posterior():
@@ -26,3 +29,21 @@ def test_single_frame_single_token_loss_is_minus_log_posterior():
     loss = ctc(hs, torch.tensor([1]), torch.tensor([[2]]), torch.tensor([1]))
     assert torch.allclose(loss, -ctc.log_softmax(hs)[0, 0, 2])
     assert ctc.argmax(hs).shape == (1, 1)
+
+
+def test_min_frames_counts_a_blank_between_equal_neighbours():
+    # "HELLO" as 1 2 3 3 4 needs 6 frames (H E L _ L O); "ABAB" has no equal neighbours; padding
+    # (-1 -1) is never counted as a repeat.
+    ys = torch.tensor([[1, 2, 3, 3, 4], [5, 6, 5, 6, IGNORE_ID], [7, 7, 7, IGNORE_ID, IGNORE_ID]])
+    assert min_ctc_frames(ys, torch.tensor([5, 4, 3])).tolist() == [6, 4, 5]
+    assert min_ctc_frames(torch.tensor([[9]]), torch.tensor([1])).tolist() == [1]
+
+
+def test_an_utterance_without_alignment_is_infinite_not_zero():
+    # 5 frames cannot hold 1 2 3 3 4 (6 needed), 6 frames can: the first is reported as inf (not hidden as 0).
+    torch.manual_seed(0)
+    ctc = CTC(odim=6, encoder_output_size=8)
+    hs = torch.randn(2, 6, 8)
+    ys = torch.tensor([[1, 2, 3, 3, 4]] * 2)
+    loss = ctc(hs, torch.tensor([5, 6]), ys, torch.tensor([5, 5]))
+    assert math.isinf(loss[0].item()) and math.isfinite(loss[1].item())

@@ -34,3 +34,14 @@ def test_smoothed_loss_matches_kl_formula():
 def test_invalid_smoothing_raises():
     with pytest.raises(ValueError):
         LabelSmoothingLoss(5, 1.0)
+
+
+def test_a_row_that_is_all_padding_is_not_an_utterance():
+    # An utterance the model leaves out of the loss has every target ignored: the per-utterance normaliser must not
+    # count it, or the others' loss would shrink by B_kept / B.
+    logits, target = _logits_and_target()
+    with_empty = torch.cat([logits, torch.randn(1, 3, 5)]), torch.cat([target, torch.full((1, 3), IGNORE_ID)])
+    for normalize_length in (False, True):
+        loss = LabelSmoothingLoss(5, 0.1, normalize_length=normalize_length)
+        assert torch.allclose(loss(*with_empty), loss(logits, target)), normalize_length
+    assert LabelSmoothingLoss(5, 0.1)(logits[:1], torch.full((1, 3), IGNORE_ID)).item() == 0.0

@@ -3,7 +3,7 @@ import math
 import torch
 
 from toolkit.models.transformer.decoder import TransformerDecoder
-from toolkit.models.transformer.search import (attention_rescoring, ctc_greedy_search,
+from toolkit.models.transformer.search import (attention_beam_search, attention_rescoring, ctc_greedy_search,
                                                ctc_prefix_beam_search)
 
 
@@ -64,3 +64,50 @@ def test_attention_rescoring_combines_decoder_ctc_and_length_scores():
         att_long = sum(log_probs[1, i, t] for i, t in enumerate([1, 2, 3, 4, 5]))
         expected = short if att_short > att_long else long
         assert attention_rescoring(decoder, memory, mask, nbest, 5, 5, ctc_weight=0.0) == expected
+
+
+class _ScriptedDecoder:
+    """Stands in for the attention decoder in :func:`attention_beam_search`: fixed log-probs per prefix."""
+
+    def __init__(self, vocab: int, scores):
+        self.vocab = vocab
+        self.scores = scores  # prefix (list of tokens after sos) -> {token: log-prob}; others get -20
+
+    def forward_one_step(self, memory, memory_mask, hyps, cache):
+        out = torch.full((hyps.size(0), self.vocab), -20.0)
+        for i, row in enumerate(hyps[:, 1:].tolist()):
+            for token, value in self.scores(row).items():
+                out[i, token] = value
+        return out, [torch.zeros(hyps.size(0), hyps.size(1), 2)]
+
+
+def test_an_immediate_eos_does_not_win_the_beam():
+    # <eos> at step 1 costs -3.0; the right output is 5 tokens at -1.0 each, then <eos> at -0.1 (-5.1 in all). Raw
+    # sums prefer the empty output at every beam wider than 1; per-step means (-3.0 vs -0.85) do not.
+    eos, correct = 7, [1, 2, 3, 4, 5]
+
+    def scores(prefix):
+        k = len(prefix)
+        if prefix != correct[:k]:
+            return {}
+        if k == 5:
+            return {eos: -0.1}
+        return {correct[k]: -1.0, 6: -1.5, eos: -3.0 if k == 0 else -8.0}
+
+    memory, mask = torch.zeros(1, 50, 4), torch.ones(1, 1, 50, dtype=torch.bool)
+    for beam in (1, 4, 10):
+        assert attention_beam_search(_ScriptedDecoder(8, scores), memory, mask, 0, eos, beam) == [correct]
+
+
+def test_each_utterance_is_limited_by_its_own_encoder_length():
+    # A decoder that never wants to stop (eos at -10, token 1 at -0.1): each output is as long as its own utterance's
+    # valid encoder frames, whatever the padded length; 0 frames give the empty output.
+    eos = 3
+    decoder = _ScriptedDecoder(4, lambda prefix: {1: -0.1, 2: -0.5, eos: -10.0})
+    lengths = torch.tensor([9, 4, 0])
+    mask = (torch.arange(9).unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)
+    batched = attention_beam_search(decoder, torch.zeros(3, 9, 4), mask, 0, eos, beam_size=3)
+    assert [len(hyp) for hyp in batched] == [9, 4, 0]
+    for i, length in enumerate(lengths.tolist()):
+        alone = attention_beam_search(decoder, torch.zeros(1, length, 4), mask[i:i + 1, :, :length], 0, eos, 3)
+        assert alone == [batched[i]]
