@@ -18,13 +18,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import TinyCTC, make_batch, utterances  # noqa: E402
+from tiny_ctc import TinyCTC, executor_for, make_batch, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import init_join  # noqa: E402
 from toolkit.engine import init_engine  # noqa: E402
-from toolkit.engine.executor import TrainProgress, train_one_epoch  # noqa: E402
-from toolkit.utils.config import resolve_train_conf  # noqa: E402
+from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
 from toolkit.utils.scheduler import init_optimizer_and_scheduler  # noqa: E402
 
 OVERFLOW_MARK = 12345.0  # a feature value that makes OverflowingCTC's backward infinite
@@ -84,7 +83,7 @@ if nan_batch is not None:
     batches[nan_batch]["feats"][1, 3, :4] = math.nan
 if overflow_batch is not None:
     batches[overflow_batch]["feats"][0, 0, 0] = OVERFLOW_MARK
-train_conf = resolve_train_conf({"train_conf": {"log_interval": 1, "grad_clip": 5.0, "accum_grad": args.accum_grad}})
+train_conf = resolve_train_conf({"log_interval": 1, "grad_clip": 5.0, "accum_grad": args.accum_grad})
 ds_config = os.path.join(args.out_dir, "ds_config.json")
 if ctx.is_main:
     with open(ds_config, "w") as f:
@@ -95,12 +94,13 @@ optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", 
                                                     {"warmup_steps": 2})
 is_ds = args.engine == "deepspeed"
 engine = init_engine(args.engine, ctx, train_conf, find_unused_parameters=False,
-                     deepspeed_config=ds_config if is_ds else None,
-                     batch_conf={"batch_type": "static", "batch_size": 4})
+                     deepspeed_config=ds_config if is_ds else None, micro_batch_size=4)
 engine.prepare(model, optimizer, scheduler)
-join = init_join(train_conf)
-progress = TrainProgress()
-stats = train_one_epoch(engine, join, batches, progress, train_conf)
+join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s)
+executor = executor_for(engine, join, train_conf, args.out_dir)
+progress = executor.progress
+executor.train(batches)
+stats = executor.running.stats  # this rank's own
 adam_steps = sorted({int(state["step"]) for state in optimizer.state.values()})
 report = {"rank": ctx.rank, "steps": progress.step, "skipped_steps": stats.skipped_steps,
           "skipped": dict(stats.skipped), "num_utts": stats.num_utts, "loss_sum": stats.loss_sum,
