@@ -17,7 +17,7 @@ IMPORT_ALL = ("import importlib, pkgutil, toolkit\n"
               "for m in pkgutil.walk_packages(toolkit.__path__, 'toolkit.'):\n"
               "    importlib.import_module(m.name)\n"
               "    print(m.name)\n")
-TOOLS = sorted(glob.glob(os.path.join(REPO, "tools", "*.py")))
+TOOLS = sorted(glob.glob(os.path.join(REPO, "tools", "*.py")) + glob.glob(os.path.join(REPO, "benchmarks", "*.py")))
 CLIS = ["toolkit.bin.train", "toolkit.bin.recognize", "toolkit.bin.average_model"]
 
 
@@ -36,12 +36,12 @@ def test_every_toolkit_module_imports_with_the_declared_dependencies_only():
     assert set(imported) == expected - {"toolkit"}
 
 
-@pytest.mark.parametrize("tool", [os.path.basename(t) for t in TOOLS])
+@pytest.mark.parametrize("tool", [os.path.relpath(t, REPO) for t in TOOLS])
 def test_every_tool_prints_its_help_with_the_declared_dependencies_only(tool):
     # As `python tools/x.py` does: the script's folder first on sys.path, then the script as __main__.
     code = ("import os, runpy; sys.argv = sys.argv[1:]; sys.path.insert(0, os.path.dirname(sys.argv[0])); "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
-    proc = run_guarded(code, os.path.join(REPO, "tools", tool), "--help")
+    proc = run_guarded(code, os.path.join(REPO, tool), "--help")
     assert GUARD_MESSAGE not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-3000:]
 

@@ -9,34 +9,19 @@ Usage:
     python tools/make_dict.py corpora/tiny_fsdd/data/train/text exp/dict/units.txt
 """
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any directory
-
-from toolkit.text.tokenizer import (  # noqa: E402
-    WORD_BOUNDARY, strip_special_symbols, text_to_char_units, write_symbol_table)
+from toolkit.text.tokenizer import write_symbol_table
+from toolkit.text.units import collect_char_units
 
 
-def collect_units(text_file: str) -> list:
-    """Sorted set of char units over all transcripts of ``text_file`` (keys and special symbols excluded), plus
-    ``▁``."""
-    units = {WORD_BOUNDARY}
-    with open(text_file, encoding="utf-8") as f:
-        for line in f:
-            parts = line.split(maxsplit=1)
-            if len(parts) == 2:
-                units.update(text_to_char_units(strip_special_symbols(parts[1])))
-    return sorted(units)
-
-
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("text", help="Kaldi text file: key followed by the transcript")
     parser.add_argument("symbol_table", help="output symbol table")
     args = parser.parse_args()
     Path(args.symbol_table).parent.mkdir(parents=True, exist_ok=True)
-    size = write_symbol_table(collect_units(args.text), args.symbol_table)
+    size = write_symbol_table(collect_char_units(args.text), args.symbol_table)
     print(f"wrote {args.symbol_table}: vocab_size {size}")
 
 

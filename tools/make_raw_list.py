@@ -10,30 +10,12 @@ Usage:
         corpora/tiny_fsdd/data/train/wav.scp corpora/tiny_fsdd/data/train/text exp/tiny_fsdd/train.list
 """
 import argparse
-import json
-import os
 import sys
-from typing import Dict, List, Optional, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from toolkit.utils.kaldi_files import read_table  # noqa: E402
+from toolkit.dataset.data_list import make_raw_list, write_raw_list
 
 
-def make_raw_list(wav_scp: str, text: str, wav_root: Optional[str] = None) -> Tuple[List[dict], List[str]]:
-    """Return ``(entries, unmatched_keys)``: entries ``{"key","wav","txt"}`` in wav.scp order, and the sorted
-    keys found in only one file."""
-    wavs = read_table(wav_scp)
-    texts = read_table(text)
-    entries = []
-    for key, wav in wavs.items():
-        if key in texts:
-            if wav_root is not None and not os.path.isabs(wav):
-                wav = os.path.join(wav_root, wav)
-            entries.append({"key": key, "wav": wav, "txt": texts[key]})
-    return entries, sorted(set(wavs) ^ set(texts))
-
-
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wav_root", help="directory that relative wav.scp paths are relative to")
     parser.add_argument("wav_scp")
@@ -44,12 +26,7 @@ def main():
     if unmatched:
         print(f"skipped {len(unmatched)} keys not in both {args.wav_scp} and {args.text}: {' '.join(unmatched)}",
               file=sys.stderr)
-    if os.path.dirname(args.data_list):
-        os.makedirs(os.path.dirname(args.data_list), exist_ok=True)
-    with open(args.data_list, "w", encoding="utf-8") as f:
-        for entry in entries:
-            f.write(json.dumps(entry, ensure_ascii=False) + "\n")
-    print(f"wrote {len(entries)} utterances to {args.data_list}")
+    print(f"wrote {write_raw_list(entries, args.data_list)} utterances to {args.data_list}")
 
 
 if __name__ == "__main__":

@@ -23,94 +23,14 @@ Usage:
         data/train/raw.list data/train/shards data/train/data.list
 """
 import argparse
-import glob
-import hashlib
-import json
-import os
+import logging
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
-from typing import List, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any directory
-
-from toolkit.dataset.processor import SkipSample, parse_raw  # noqa: E402
-from toolkit.dataset.shard import AUDIO_FORMATS, write_shard, write_shard_list  # noqa: E402
+from toolkit.dataset.data_list import read_raw_list
+from toolkit.dataset.shard import AUDIO_FORMATS, make_shards, write_shard_list
 
 
-def read_entries(raw_list: str) -> List[dict]:
-    """Parse the raw data.list.
-
-    Raises:
-        ValueError: a line is not a valid raw entry (names the line number), or a key contains ``/``.
-    """
-    entries = []
-    with open(raw_list, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                entry = parse_raw({"line": line})
-            except SkipSample as skip:
-                raise ValueError(f"{raw_list}:{line_no}: {skip.detail}") from skip
-            if "/" in entry["key"]:
-                raise ValueError(f"{raw_list}:{line_no}: key {entry['key']!r} contains '/'")
-            entries.append(entry)
-    return entries
-
-
-def _clear_stale_shards(shard_dir: str, prefix: str, fingerprint: str) -> None:
-    """Delete ``prefix`` shards written from other entries or settings, then record ``fingerprint``."""
-    path = os.path.join(shard_dir, f"{prefix}.fingerprint")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            if f.read().strip() == fingerprint:
-                return
-    stale = glob.glob(os.path.join(glob.escape(shard_dir), f"{glob.escape(prefix)}_*.tar*"))
-    if stale:
-        print(f"{shard_dir}: input or settings changed, deleting {len(stale)} old {prefix} shards", file=sys.stderr)
-    for old in stale:
-        os.remove(old)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(fingerprint + "\n")
-
-
-def _write_job(job: Tuple[List[dict], str, str]) -> Tuple[int, List[Tuple[str, str]]]:
-    entries, tar_path, audio_format = job
-    return write_shard(entries, tar_path, audio_format)
-
-
-def make_shards(entries: List[dict], shard_dir: str, num_utts_per_shard: int, num_workers: int,
-                prefix: str = "shards",
-                audio_format: str = "keep") -> Tuple[List[str], int, int, List[Tuple[str, str]]]:
-    """Write the shards that do not exist yet (``audio_format``: keep, flac or wav).
-
-    Returns:
-        ``(shard_paths, num_reused, num_utts_written, skipped)``: every shard's absolute path in order, how many existed
-        already, utterances written in this run, and ``(key, reason)`` of the entries left out in this run.
-
-    Raises:
-        ValueError: ``num_utts_per_shard`` or ``num_workers`` < 1.
-    """
-    if num_utts_per_shard < 1 or num_workers < 1:
-        raise ValueError(f"need num_utts_per_shard >= 1 and num_workers >= 1, got {num_utts_per_shard}, {num_workers}")
-    os.makedirs(shard_dir, exist_ok=True)
-    settings = json.dumps([entries, num_utts_per_shard, audio_format], sort_keys=True)
-    _clear_stale_shards(shard_dir, prefix, hashlib.sha256(settings.encode("utf-8")).hexdigest())
-    chunks = [entries[i:i + num_utts_per_shard] for i in range(0, len(entries), num_utts_per_shard)]
-    paths = [os.path.abspath(os.path.join(shard_dir, f"{prefix}_{i:06d}.tar")) for i in range(len(chunks))]
-    jobs = [(chunk, path, audio_format) for chunk, path in zip(chunks, paths) if not os.path.isfile(path)]
-    if num_workers == 1 or len(jobs) <= 1:
-        results = list(map(_write_job, jobs))
-    else:
-        with ProcessPoolExecutor(min(num_workers, len(jobs))) as pool:
-            results = list(pool.map(_write_job, jobs))
-    written = sum(num for num, _ in results)
-    skipped = [item for _, job_skipped in results for item in job_skipped]
-    return paths, len(chunks) - len(jobs), written, skipped
-
-
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num_utts_per_shard", type=int, default=1000)
     parser.add_argument("--num_workers", type=int, default=1, help="processes writing shards")
@@ -121,7 +41,11 @@ def main():
     parser.add_argument("shard_dir", help="folder for the .tar shards")
     parser.add_argument("shard_list", help="output data.list: one shard path per line")
     args = parser.parse_args()
-    entries = read_entries(args.raw_list)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        entries = read_raw_list(args.raw_list)
+    except ValueError as err:
+        sys.exit(f"{sys.argv[0]}: {err}")
     paths, reused, written, skipped = make_shards(entries, args.shard_dir, args.num_utts_per_shard,
                                                   args.num_workers, args.prefix, args.audio_format)
     for key, reason in skipped:

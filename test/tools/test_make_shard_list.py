@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -10,11 +11,10 @@ import numpy as np
 import pytest
 
 from toolkit.dataset.processor import read_audio
-from toolkit.dataset.shard import read_shards, write_shard_list
+from toolkit.dataset.data_list import read_raw_list
+from toolkit.dataset.shard import make_shards, read_shards, write_shard_list
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import make_shard_list  # noqa: E402
 
 FSDD = ROOT / "corpora/tiny_fsdd"
 KATHLEEN = ROOT / "corpora/kathleen"
@@ -28,9 +28,15 @@ def entries_of(corpus, split, n):
     return [{"key": k, "wav": str(corpus / w), "txt": texts[k]} for k, w in pairs]
 
 
-def run_tool(*args):
+def make_shard_list_cli(*args):
     return subprocess.run([sys.executable, str(ROOT / "tools/make_shard_list.py"), *map(str, args)],
-                          capture_output=True, text=True, check=True, timeout=120)
+                          capture_output=True, text=True, timeout=120)
+
+
+def run_tool(*args):
+    proc = make_shard_list_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 def test_parallel_shards_then_resume_writes_only_the_missing_one(tmp_path):
@@ -54,21 +60,21 @@ def test_parallel_shards_then_resume_writes_only_the_missing_one(tmp_path):
     before = {p: (os.stat(p).st_mtime_ns, Path(p).read_bytes()) for p in paths}
     os.remove(paths[1])
     Path(paths[1] + ".tmp").write_bytes(b"half-written shard of a killed run")
-    entries = make_shard_list.read_entries(str(raw))  # the same run, in-process (a second CLI start costs 10 s)
-    assert make_shard_list.make_shards(entries, str(shard_dir), 3, 2)[:3] == (paths, 2, 3)
+    entries = read_raw_list(str(raw))  # the same run, in-process (a second CLI start costs 10 s)
+    assert make_shards(entries, str(shard_dir), 3, 2)[:3] == (paths, 2, 3)
     for p in (paths[0], paths[2]):
         assert os.stat(p).st_mtime_ns == before[p][0]  # not rewritten
     assert Path(paths[1]).read_bytes() == before[paths[1]][1]
     assert not Path(paths[1] + ".tmp").exists()
 
     # Other input into the same folder: the old shards go, none is reused.
-    assert make_shard_list.make_shards(entries[:4], str(shard_dir), 3, 1)[1:3] == (0, 4)
+    assert make_shards(entries[:4], str(shard_dir), 3, 1)[1:3] == (0, 4)
     assert sorted(os.listdir(shard_dir)) == ["shards.fingerprint", "shards_000000.tar", "shards_000001.tar"]
 
 
 def test_flac_shards_decode_to_the_source_audio(tmp_path):
     entries = entries_of(KATHLEEN, "dev", 2)
-    paths, reused, written, skipped = make_shard_list.make_shards(entries, str(tmp_path), 5, 1, audio_format="flac")
+    paths, reused, written, skipped = make_shards(entries, str(tmp_path), 5, 1, audio_format="flac")
     assert (len(paths), reused, written, skipped) == (1, 0, 2, [])
     samples = list(read_shards(paths, Counter()))
     assert [s["wav"].rsplit(".", 1)[1] for s in samples] == ["flac", "flac"]
@@ -82,14 +88,14 @@ def test_bad_raw_line_names_the_line(tmp_path):
     raw = tmp_path / "raw.list"
     raw.write_text('{"key": "a", "wav": "a.wav", "txt": "A"}\n{"key": "b"}\n')
     with pytest.raises(ValueError, match=r"raw.list:2"):
-        make_shard_list.read_entries(str(raw))
+        read_raw_list(str(raw))
     with pytest.raises(ValueError, match="num_utts_per_shard"):
-        make_shard_list.make_shards([], str(tmp_path), 0, 1)
+        make_shards([], str(tmp_path), 0, 1)
 
 
-def test_shard_list_records_counts_and_refuses_a_damaged_shard(tmp_path, monkeypatch):
+def test_shard_list_records_counts_and_refuses_a_damaged_shard(tmp_path):
     entries = entries_of(FSDD, "dev", 5)
-    paths, _, _, _ = make_shard_list.make_shards(entries, str(tmp_path / "shards"), 2, 1)
+    paths, _, _, _ = make_shards(entries, str(tmp_path / "shards"), 2, 1)
     data_list = tmp_path / "data.list"
     assert write_shard_list(paths, str(data_list)) == 5
     assert [json.loads(line) for line in data_list.read_text().splitlines()] == [
@@ -102,7 +108,7 @@ def test_shard_list_records_counts_and_refuses_a_damaged_shard(tmp_path, monkeyp
         write_shard_list(paths, str(data_list))
     raw = tmp_path / "raw.list"
     raw.write_text("".join(json.dumps(e) + "\n" for e in entries))
-    monkeypatch.setattr(sys, "argv", ["make_shard_list.py", "--num_utts_per_shard", "2", str(raw),
-                                      str(tmp_path / "shards"), str(data_list)])
-    with pytest.raises(SystemExit, match="shards_000001.tar is missing or incomplete.*delete it"):
-        make_shard_list.main()  # the same input, so the damaged shard would be reused: the CLI names it
+    # The same input, so the damaged shard would be reused: the CLI names it in one line.
+    proc = make_shard_list_cli("--num_utts_per_shard", "2", raw, tmp_path / "shards", data_list)
+    assert proc.returncode == 1 and re.search("shards_000001.tar is missing or incomplete.*delete it", proc.stderr)
+    assert "Traceback" not in proc.stderr

@@ -29,12 +29,15 @@ at a header boundary: it then lacks the end-of-archive marker, or holds fewer ut
 ends the shard early: the utterances it lost are counted as ``corrupt_shard``; a missing shard counts all of its
 utterances as ``missing_shard``. Each is logged as a warning naming the shard.
 """
+import glob
+import hashlib
 import io
 import json
 import logging
 import os
 import tarfile
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 import soundfile as sf
@@ -290,3 +293,60 @@ def read_shards(shard_lines: Iterable[str], num_skipped: Counter) -> Iterator[di
     """
     for line in shard_lines:
         yield from _read_shard(line, num_skipped)
+
+
+def _clear_stale_shards(shard_dir: str, prefix: str, fingerprint: str) -> None:
+    """Delete ``prefix`` shards written from other entries or settings, then record ``fingerprint``."""
+    path = os.path.join(shard_dir, f"{prefix}.fingerprint")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            if f.read().strip() == fingerprint:
+                return
+    stale = glob.glob(os.path.join(glob.escape(shard_dir), f"{glob.escape(prefix)}_*.tar*"))
+    if stale:
+        logger.warning("%s: input or settings changed, deleting %d old %s shards", shard_dir, len(stale), prefix)
+    for old in stale:
+        os.remove(old)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(fingerprint + "\n")
+
+
+def _write_job(job: Tuple[List[dict], str, str]) -> Tuple[int, List[Tuple[str, str]]]:
+    entries, tar_path, audio_format = job
+    return write_shard(entries, tar_path, audio_format)
+
+
+def make_shards(entries: List[dict], shard_dir: str, num_utts_per_shard: int, num_workers: int,
+                prefix: str = "shards",
+                audio_format: str = "keep") -> Tuple[List[str], int, int, List[Tuple[str, str]]]:
+    """Pack ``entries`` into shards of ``num_utts_per_shard`` utterances, in order, with ``num_workers`` processes,
+    writing only the shards that do not exist yet (``audio_format``: keep, flac or wav).
+
+    Resumable: each shard is written to ``NAME.tmp`` and renamed when complete, and an existing shard is kept, so
+    after an interruption the same call writes only the missing ones. ``<shard_dir>/<prefix>.fingerprint`` records a
+    hash of the entries and settings; when they change, the old shards of that prefix are deleted first, so a
+    resumed run never mixes two inputs.
+
+    Returns:
+        ``(shard_paths, num_reused, num_utts_written, skipped)``: every shard's absolute path in order, how many existed
+        already, utterances written in this run, and ``(key, reason)`` of the entries left out in this run.
+
+    Raises:
+        ValueError: ``num_utts_per_shard`` or ``num_workers`` < 1.
+    """
+    if num_utts_per_shard < 1 or num_workers < 1:
+        raise ValueError(f"need num_utts_per_shard >= 1 and num_workers >= 1, got {num_utts_per_shard}, {num_workers}")
+    os.makedirs(shard_dir, exist_ok=True)
+    settings = json.dumps([entries, num_utts_per_shard, audio_format], sort_keys=True)
+    _clear_stale_shards(shard_dir, prefix, hashlib.sha256(settings.encode("utf-8")).hexdigest())
+    chunks = [entries[i:i + num_utts_per_shard] for i in range(0, len(entries), num_utts_per_shard)]
+    paths = [os.path.abspath(os.path.join(shard_dir, f"{prefix}_{i:06d}.tar")) for i in range(len(chunks))]
+    jobs = [(chunk, path, audio_format) for chunk, path in zip(chunks, paths) if not os.path.isfile(path)]
+    if num_workers == 1 or len(jobs) <= 1:
+        results = list(map(_write_job, jobs))
+    else:
+        with ProcessPoolExecutor(min(num_workers, len(jobs))) as pool:
+            results = list(pool.map(_write_job, jobs))
+    written = sum(num for num, _ in results)
+    skipped = [item for _, job_skipped in results for item in job_skipped]
+    return paths, len(chunks) - len(jobs), written, skipped

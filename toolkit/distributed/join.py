@@ -10,7 +10,7 @@ batch ahead, so every rank also knows which step is the epoch's last (``is_last`
 short by the epoch end still ends in an optimizer step instead of being thrown away (or, in DeepSpeed's ZeRO-2
 buffers, leaking into the next epoch). The decision comes from the
 data alone, never from a clock, so a rank that is only slow never shortens the epoch. It costs one tiny all-reduce
-per step (see ``tools/bench_join.py``).
+per step (see ``benchmarks/bench_join.py``).
 
 ``monitored_barrier`` (:class:`MonitoredBarrierJoin`, WeNet-compatible): the first batch is exempt from the clock
 (an untimed MIN flag only checks that every rank has one); before every later batch each rank that still has one

@@ -1,18 +1,15 @@
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
 
 from toolkit.text.tokenizer import (BpeTokenizer, CharTokenizer, check_model_fits_table, init_tokenizer,
                                     read_symbol_table, write_symbol_table)
+from toolkit.text.units import collect_char_units, train_sentencepiece
 from toolkit.utils.common import UNK_ID
 from toolkit.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tools"))
-import make_dict  # noqa: E402
-import spm_train  # noqa: E402
 
 
 def transcripts(corpus):
@@ -26,7 +23,7 @@ def transcripts(corpus):
 @pytest.fixture(scope="module")
 def lj_char_table(tmp_path_factory):
     path = tmp_path_factory.mktemp("dict") / "units.txt"
-    write_symbol_table(make_dict.collect_units(str(ROOT / "corpora/tiny_lj/data/train/text")), str(path))
+    write_symbol_table(collect_char_units(str(ROOT / "corpora/tiny_lj/data/train/text")), str(path))
     return str(path)
 
 
@@ -45,7 +42,7 @@ def test_char_round_trip_on_shipped_transcripts(tmp_path, corpus):
     table = tmp_path / "units.txt"
     units = set()
     for split in ("train", "dev", "test"):
-        units.update(make_dict.collect_units(str(ROOT / "corpora" / corpus / "data" / split / "text")))
+        units.update(collect_char_units(str(ROOT / "corpora" / corpus / "data" / split / "text")))
     write_symbol_table(sorted(units), str(table))
     tok = CharTokenizer(str(table))
     for text in transcripts(corpus):
@@ -67,7 +64,7 @@ def test_unknown_character_maps_to_unk(lj_char_table):
 def test_bpe_round_trip_on_shipped_transcripts(tmp_path, model_type):
     text_file = tmp_path / "text"
     text_file.write_text("".join(f"utt{i} {t}\n" for i, t in enumerate(transcripts("tiny_lj"))))
-    table = spm_train.train(str(text_file), str(tmp_path / "bpe"), model_type, 60)
+    table = train_sentencepiece(str(text_file), str(tmp_path / "bpe"), model_type, 60)
     tok = init_tokenizer("bpe", {"bpe_model": str(tmp_path / "bpe.model"), "symbol_table_path": table})
     assert tok.vocab_size() == 62
     copy = pickle.loads(pickle.dumps(tok))  # DataLoader workers may receive it pickled
@@ -112,7 +109,7 @@ def test_literal_unk_is_one_unit_and_never_a_dict_entry(tmp_path):
     text = tmp_path / "text"
     text.write_text("u1 HELLO <unk> WORLD\nu2 IT IS OKAY\nu3 A<blank>B <sos/eos>\n")
     table = tmp_path / "units.txt"
-    write_symbol_table(make_dict.collect_units(str(text)), str(table))
+    write_symbol_table(collect_char_units(str(text)), str(table))
     symbols = set(read_symbol_table(str(table)))
     assert symbols == set("HELOWRDITSKAYB") | {"▁", "<blank>", "<unk>", "<sos/eos>"}  # no < > u n k / s e o
     tok = CharTokenizer(str(table))
@@ -130,7 +127,7 @@ def test_literal_unk_is_one_unit_with_a_lowercase_bpe_model(tmp_path):
     text = tmp_path / "text"
     lines = [t.lower() for t in transcripts("tiny_lj")]
     text.write_text("".join(f"utt{i} {t}\n" for i, t in enumerate(lines)) + "extra the <unk> of <unk>\n")
-    table = spm_train.train(str(text), str(tmp_path / "bpe"), "unigram", 60)
+    table = train_sentencepiece(str(text), str(tmp_path / "bpe"), "unigram", 60)
     pieces = set(read_symbol_table(table)) - {"<blank>", "<unk>", "<sos/eos>"}
     assert not [p for p in pieces if "<" in p or ">" in p]  # nothing learned from the literal
     tok = init_tokenizer("bpe", {"bpe_model": str(tmp_path / "bpe.model"), "symbol_table_path": table})
@@ -145,7 +142,7 @@ def test_literal_unk_is_one_unit_with_a_lowercase_bpe_model(tmp_path):
 def test_bpe_table_of_another_model_is_refused(tmp_path, lj_char_table):
     text_file = tmp_path / "text"
     text_file.write_text("".join(f"utt{i} {t}\n" for i, t in enumerate(transcripts("tiny_lj"))))
-    spm_train.train(str(text_file), str(tmp_path / "bpe"), "unigram", 60)
+    train_sentencepiece(str(text_file), str(tmp_path / "bpe"), "unigram", 60)
     with pytest.raises(ConfigError, match=r"units.txt does not belong to SentencePiece model .*bpe.model"):
         BpeTokenizer(str(tmp_path / "bpe.model"), lj_char_table)
 
@@ -170,7 +167,7 @@ def test_init_tokenizer_unknown_name_lists_choices(lj_char_table):
 def test_bpe_maps_unseen_characters_to_unk(tmp_path):
     text_file = tmp_path / "text"
     text_file.write_text("".join(f"utt{i} {t}\n" for i, t in enumerate(transcripts("tiny_lj"))))
-    table = spm_train.train(str(text_file), str(tmp_path / "bpe"), "unigram", 60)
+    table = train_sentencepiece(str(text_file), str(tmp_path / "bpe"), "unigram", 60)
     tok = init_tokenizer("bpe", {"bpe_model": str(tmp_path / "bpe.model"), "symbol_table_path": table})
     assert not any("Q" in t or "Z" in t for t in transcripts("tiny_lj"))
     tokens, ids = tok.tokenize("THE QUIZ")

@@ -12,7 +12,7 @@ Prints rank 0's median and 90th-percentile microseconds per call and the median 
 loopback cost; across nodes add one network round trip per step.
 
 Usage:
-    python tools/bench_join.py --steps 2000 --step_s 0.56
+    python benchmarks/bench_join.py --steps 2000 --step_s 0.56
 """
 import argparse
 import datetime

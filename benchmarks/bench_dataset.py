@@ -15,31 +15,25 @@ per CPU second of this process: on a machine shared with other jobs the wall num
 and wobble, while the CPU-time numbers (1 thread) are what an idle core would give.
 
 Usage:
-    python tools/bench_dataset.py --corpus_dir corpora --corpora speechocean762 kathleen --num_utts 300 \
+    python benchmarks/bench_dataset.py --corpus_dir corpora --corpora speechocean762 kathleen --num_utts 300 \
         --config examples/english/s0/conf/train_conformer.yaml
 """
 import argparse
 import dataclasses
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from any directory
-
-from make_raw_list import make_raw_list  # noqa: E402
-from make_shard_list import make_shards  # noqa: E402
-
-from toolkit.dataset.pipeline import build_dataloader, build_dataset  # noqa: E402
-from toolkit.models.registry import init_model  # noqa: E402
-from toolkit.config import Config, read_config  # noqa: E402
-from toolkit.dataset import DatasetConf  # noqa: E402
-from toolkit.text.tokenizer import CharTokenizer, text_to_char_units, write_symbol_table  # noqa: E402
+from toolkit.config import Config, read_config
+from toolkit.dataset import DatasetConf
+from toolkit.dataset.data_list import make_raw_list, write_raw_list
+from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.dataset.shard import make_shards, write_shard_list
+from toolkit.models.registry import init_model
+from toolkit.text.tokenizer import CharTokenizer, text_to_char_units, write_symbol_table
 
 
 def write_lists(corpus_dir: str, corpora: list, num_utts: int, work_dir: str) -> tuple:
@@ -50,15 +44,12 @@ def write_lists(corpus_dir: str, corpora: list, num_utts: int, work_dir: str) ->
         corpus_entries, _ = make_raw_list(os.path.join(data, "wav.scp"), os.path.join(data, "text"),
                                           os.path.join(corpus_dir, corpus))
         entries += corpus_entries[:num_utts // len(corpora)]
-    raw_list = os.path.join(work_dir, "raw.list")
-    with open(raw_list, "w", encoding="utf-8") as f:
-        f.write("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries))
-    lists = {"raw": raw_list}
+    lists = {"raw": os.path.join(work_dir, "raw.list")}
+    write_raw_list(entries, lists["raw"])
     for audio_format in ("keep", "flac"):
         paths, _, _, _ = make_shards(entries, os.path.join(work_dir, audio_format), 50, 2, audio_format=audio_format)
         lists[f"shard-{audio_format}"] = os.path.join(work_dir, f"{audio_format}.list")
-        with open(lists[f"shard-{audio_format}"], "w", encoding="utf-8") as f:
-            f.write("".join(p + "\n" for p in paths))
+        write_shard_list(paths, lists[f"shard-{audio_format}"])
     units = sorted({u for e in entries for u in text_to_char_units(e["txt"])})
     table = os.path.join(work_dir, "units.txt")
     write_symbol_table(units, table)

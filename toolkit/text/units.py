@@ -1,0 +1,54 @@
+"""Units learned from the transcripts of a Kaldi ``text`` file (``key word word ...`` per line): the character set
+of a char symbol table, or a SentencePiece model with its symbol table (format in :mod:`toolkit.text.tokenizer`).
+
+A literal special symbol in a transcript (``<unk>``, ``<blank>``, ``<sos/eos>``) is not text: nothing is learned
+from it (the tokenizers map it to ``<unk>`` as one unit).
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+import sentencepiece as spm
+
+from toolkit.text.tokenizer import WORD_BOUNDARY, strip_special_symbols, text_to_char_units, write_symbol_table
+
+
+def collect_char_units(text_file: str) -> list:
+    """Sorted set of char units over all transcripts of ``text_file`` (keys and special symbols excluded), plus
+    ``▁``."""
+    units = {WORD_BOUNDARY}
+    with open(text_file, encoding="utf-8") as f:
+        for line in f:
+            parts = line.split(maxsplit=1)
+            if len(parts) == 2:
+                units.update(text_to_char_units(strip_special_symbols(parts[1])))
+    return sorted(units)
+
+
+def train_sentencepiece(text_file: str, model_prefix: str, model_type: str, vocab_size: int) -> str:
+    """Train a SentencePiece model (Kudo & Richardson 2018) on the transcripts of a Kaldi ``text`` file (keys
+    stripped) and write its symbol table ``<model_prefix>.units.txt``; returns that path.
+
+    Raises:
+        RuntimeError: SentencePiece rejects the settings (e.g. vocab_size too large for the text).
+    """
+    with open(text_file, encoding="utf-8") as f:
+        transcripts = [strip_special_symbols(parts[1]) for parts in (line.split(maxsplit=1) for line in f)
+                       if len(parts) == 2]
+    Path(model_prefix).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", delete=False) as tmp:
+        tmp.write("".join(t if t.endswith("\n") else t + "\n" for t in transcripts))
+    try:
+        # Only <unk> is kept as a SentencePiece special piece: <blank> and <sos/eos> live in our table.
+        spm.SentencePieceTrainer.Train(
+            input=tmp.name, model_prefix=model_prefix, model_type=model_type, vocab_size=vocab_size,
+            character_coverage=1.0, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, minloglevel=2)
+    finally:
+        os.unlink(tmp.name)
+    sp = spm.SentencePieceProcessor()
+    sp.Load(model_prefix + ".model")
+    pieces = [sp.IdToPiece(i) for i in range(sp.GetPieceSize()) if not sp.IsUnknown(i)]
+    table_path = model_prefix + ".units.txt"
+    write_symbol_table(pieces, table_path)
+    return table_path
