@@ -123,8 +123,8 @@ def main(argv=None) -> None:
     else:  # a run killed in epoch 0 still leaves a loadable model
         save_model(executor.checkpointer, {"epoch": -1, "step": 0, "tag": "init"})
     # 8. tensorboard (rank 0); the points an abandoned run logged after the resumed step are purged
-    writer = executor.writer = init_summarywriter(args.tensorboard_dir, args.model_dir, ctx.is_main,
-                                                  purge_step=executor.progress.step + 1)
+    writer = executor.writer = main_process_only(init_summarywriter)(args.tensorboard_dir, args.model_dir,
+                                                                     purge_step=executor.progress.step + 1)
     # 9. epochs: train, cross-validate on every rank, save collectively
     for epoch in executor.epochs():
         train_stats = executor.train(train_loader, train_set)

@@ -14,7 +14,7 @@ from typing import Any, ContextManager
 import torch
 
 from toolkit.distributed.context import DistContext
-from toolkit.distributed.main_only import run_on_main
+from toolkit.distributed.main_only import check_collective, run_on_main
 from toolkit.utils.checkpoint import EXTRA_KEY, load_checkpoint, save_checkpoint
 from toolkit.utils.config import ConfigError
 
@@ -105,6 +105,8 @@ class Engine(abc.ABC):
         """Collective save: EVERY rank calls it. Global rank 0 writes ``path`` (``.pt``, with ``extra`` under
         ``EXTRA_KEY`` when given) and its ``.yaml`` atomically; a barrier ends it, so no rank runs ahead of a
         checkpoint that is not on disk yet."""
+        check_collective("save_model")
+
         def write() -> None:
             state = self.state_dict()
             if extra is not None:

@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable
 
 from toolkit.distributed.collectives import broadcast_from_main, gather_objects
-from toolkit.distributed.main_only import check_collective, run_on_main
+from toolkit.distributed.main_only import check_collective, main_process_only, run_on_main
 from toolkit.engine.base import Engine
 from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import delete_checkpoint, list_checkpoints, load_info
@@ -123,9 +123,9 @@ class Checkpointer:
         path = os.path.join(self.model_dir, f"{tag}.pt")
         extra = self._gather_hook_states()
         self.engine.save(path, info, extra)  # ends in a barrier: the commit marker is on disk for every rank
-        if self.engine.ctx.is_main:
+        if self.engine.ctx.is_main:  # only rank 0's clock decides (step_due)
             self._last_save = self.clock()
-            logging.info("checkpoint: rank %d wrote %s", self.engine.ctx.rank, path)
+        main_process_only(logging.info)("checkpoint: rank %d wrote %s", self.engine.ctx.rank, path)
         if self.keep_last_n > 0 and tag.startswith(RETAINED_PREFIXES):
             run_on_main(self._apply_retention, (path,))  # no rank trains (or loads) on while files are going
         return path

@@ -31,7 +31,6 @@ as it must for decoding.
 from __future__ import annotations
 
 import contextlib
-import glob
 import importlib
 import json
 import logging
@@ -311,7 +310,7 @@ class DeepSpeedEngine(Engine):
         bf16 = self.dtype == "bf16"
         expected = expected_shard_files(model_dir, tag, self.ctx.world_size, self.stage, bf16)
         missing = [f for f in expected if not os.path.exists(f)]
-        saved = len(glob.glob(os.path.join(model_dir, tag, "*zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+        saved = _saved_world_size(expected[0]) if os.path.exists(expected[0]) else 0
         # Decided on what every rank sees, so that all ranks raise together (none waits in a later collective).
         gathered = all_gather_objects((missing, saved), "load_model")
         saved = max(count for _, count in gathered)
@@ -327,6 +326,12 @@ class DeepSpeedEngine(Engine):
         if load_path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {model_dir}")
         return load_extra_state(path)
+
+
+def _saved_world_size(model_states: str) -> int:
+    """The data-parallel world size a DeepSpeed model-states file records (``dp_world_size``); memory-mapped, so the
+    weights are not read."""
+    return int(torch.load(model_states, map_location="cpu", weights_only=False, mmap=True).get("dp_world_size", 0))
 
 
 def _split(path: str) -> tuple[str, str]:

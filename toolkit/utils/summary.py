@@ -1,12 +1,13 @@
-"""Tensorboard writer for the main process only (other ranks get ``None`` and log nothing)."""
+"""The tensorboard writer of a training run (the trainer makes it on the main process only)."""
 
 from __future__ import annotations
 
 import os
 
 
-def init_summarywriter(tensorboard_dir: str | None, model_dir: str, is_main: bool, purge_step: int = 1):
-    """A ``SummaryWriter`` writing to ``tensorboard_dir/<basename of model_dir>`` on global rank 0, else ``None``.
+def init_summarywriter(tensorboard_dir: str | None, model_dir: str, purge_step: int = 1):
+    """A ``SummaryWriter`` writing to ``tensorboard_dir/<basename of model_dir>``, or None without a
+    ``tensorboard_dir``.
 
     ``purge_step`` is the first optimizer step this run will log (the resumed checkpoint's step + 1; 1 for a fresh
     run). TensorBoard then hides every earlier event at or after that step, whatever its tag, so a run resumed from
@@ -15,7 +16,7 @@ def init_summarywriter(tensorboard_dir: str | None, model_dir: str, is_main: boo
     that TensorBoard's reader honours). That is why every scalar of the trainer, also the per-epoch ``cv/loss``, is
     keyed by the optimizer step (see :meth:`toolkit.engine.executor.Executor.epoch_info`).
     """
-    if not is_main or not tensorboard_dir:
+    if not tensorboard_dir:
         return None
     from torch.utils.tensorboard import SummaryWriter
 
