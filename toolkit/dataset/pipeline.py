@@ -29,7 +29,7 @@ import functools
 import logging
 import random
 from collections import Counter
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -219,6 +219,31 @@ def count_utterances(data_list_file: str, dataset_conf: Optional[dict]) -> int:
     with open(data_list_file, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
     return len(lines) if data_type == "raw" else sum(shard.count_shard_utterances(line) for line in lines)
+
+
+def read_transcripts(data_list_file: str, dataset_conf: Optional[dict]) -> List[Tuple[str, str]]:
+    """``(key, transcript)`` of every utterance a data.list names, in input order (raw: line order; shard: shard
+    order, then member order), repeats included: the references of a test set and the order its results are
+    written in. A raw line that is not a valid JSON utterance, and the utterances of a missing or damaged shard
+    past the damage, are left out (the pipeline skips them too, counted as ``bad_line``, ``missing_shard`` or
+    ``corrupt_shard``).
+
+    Raises:
+        OSError: ``data_list_file`` cannot be read. ValueError: bad ``dataset_conf``.
+    """
+    data_type = resolve_dataset_conf(dataset_conf)["data_type"]
+    with open(data_list_file, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    if data_type == "shard":
+        return [pair for line in lines for pair in shard.read_shard_transcripts(line)]
+    pairs = []
+    for line in lines:
+        try:
+            sample = processor.parse_raw({"line": line})
+        except processor.SkipSample:
+            continue
+        pairs.append((sample["key"], sample["txt"]))
+    return pairs
 
 
 def build_dataset(data_list_file: str, tokenizer, dataset_conf: Optional[dict], *, mode: str = "train",
