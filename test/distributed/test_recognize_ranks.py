@@ -93,8 +93,9 @@ def test_empty_shard_on_its_own_rank(model, thirteen, tmp_path):
         assert write_shard(part, path) == (len(part), [])
     shard_list = tmp_path / "shards.list"
     shard_list.write_text("".join(p + "\n" for p in shards))
-    run_recognize(3, model, str(shard_list), tmp_path / "out",
-                  "--override_config", "dataset_conf.data_type shard")
+    proc = run_recognize(3, model, str(shard_list), tmp_path / "out",
+                         "--override_config", "dataset_conf.data_type shard")
+    assert "5/5" in proc.stderr  # the bar counts utterances, not the 3 shard lines
     out = read_outputs(tmp_path / "out")
     summary = json.loads((tmp_path / "out" / "decode_summary.json").read_text())
     assert summary["decoded_per_rank"] == [3, 0, 2] and summary["skipped"] == {}

@@ -143,7 +143,8 @@ job_id() { [ "$num_nodes" -gt 1 ] && echo "--rdzv_id=toolkit-english-$1"; true; 
 if (( stage <= 4 && stop_stage >= 4 )); then
   echo "stage 4: training with $train_engine, $num_nodes node(s) x $nproc_per_node process(es)"
   mkdir -p "$dir"
-  "${launcher[@]}" --nproc_per_node="$nproc_per_node" $(job_id train) -m toolkit.bin.train --config "$train_config" "${train_overrides[@]}" \
+  "${launcher[@]}" --nproc_per_node="$nproc_per_node" $(job_id train) -m toolkit.bin.train \
+    --config "$train_config" "${train_overrides[@]}" \
     --train_data "$data/train/data.list" --cv_data "$data/dev/data.list" \
     --model_dir "$dir" --tensorboard_dir "$tensorboard_dir" --train_engine "$train_engine" \
     ${deepspeed_config:+--deepspeed_config "$deepspeed_config"} ${checkpoint:+--checkpoint "$checkpoint"}
@@ -160,15 +161,22 @@ if (( stage <= 5 && stop_stage >= 5 )); then
   fi
   echo "stage 5: decoding $test_sets with $decode_modes, $num_nodes node(s) x $decode_nproc_per_node process(es)"
   for x in $test_sets; do
-    # every rank decodes its share; rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
+    # every rank decodes its share; global rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
+    rm -f "$dir/$x/decode_summary.json"
     "${launcher[@]}" --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x") -m toolkit.bin.recognize \
       --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
       --test_data "$data/$x/data.list" --result_dir "$dir/$x" --modes $decode_modes \
       --beam_size "$beam_size" --batch_size "$decode_batch_size" --num_threads "$decode_threads"
   done
-  python tools/results_table.py --data "$data" --dir "$dir" --test_sets $test_sets --modes $decode_modes \
-    --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine)" \
-    > "$dir/RESULTS.md"
-  cat "$dir/RESULTS.md"
+  written=1
+  for x in $test_sets; do [ -f "$dir/$x/decode_summary.json" ] || written=0; done
+  if [ "$written" = 1 ]; then
+    python tools/results_table.py --data "$data" --dir "$dir" --test_sets $test_sets --modes $decode_modes \
+      --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine)" \
+      > "$dir/RESULTS.md"
+    cat "$dir/RESULTS.md"
+  else  # NOTE: without a shared file system only the node of global rank 0 holds the decoding results
+    echo "stage 5: the results were written on the node of global rank 0 (no $dir/<test set>/decode_summary.json here)"
+  fi
 fi
 echo "$0: stages $stage..$stop_stage done in $((SECONDS / 60)) min $((SECONDS % 60)) s"

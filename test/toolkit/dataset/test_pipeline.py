@@ -8,7 +8,9 @@ import pytest
 import soundfile as sf
 import torch
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, lines_per_rank, resolve_dataset_conf
+from toolkit.dataset.pipeline import (build_dataloader, build_dataset, lines_per_rank, read_transcripts,
+                                      resolve_dataset_conf)
+from toolkit.dataset.shard import write_shard
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 from toolkit.utils.config import ConfigError
 
@@ -192,3 +194,18 @@ def test_raw_segments_read_only_their_span(tmp_path, tokenizer):
 def test_sizes_below_their_minimum_are_config_errors(section, key, value):
     with pytest.raises(ConfigError, match=f"dataset_conf.{section}.{key} must be an integer"):
         resolve_dataset_conf({section: {key: value}})
+
+
+def test_read_transcripts_in_input_order_raw_and_shard(tmp_path):
+    entries = kaldi_entries(FSDD, "test")[:5]
+    raw = tmp_path / "raw.list"
+    raw.write_text(json.dumps(entries[3]) + "\nnot json\n" + "".join(json.dumps(e) + "\n" for e in entries[:3])
+                   + json.dumps(entries[3]) + "\n")
+    pairs = [(e["key"], e["txt"]) for e in entries]
+    assert read_transcripts(str(raw), None) == [pairs[3], *pairs[:3], pairs[3]]  # repeats kept, bad line left out
+    shards = [str(tmp_path / name) for name in ("b.tar", "missing.tar", "empty.tar", "a.tar")]
+    write_shard(entries[3:], shards[0])
+    write_shard([], shards[2])
+    write_shard(entries[:3], shards[3])
+    (tmp_path / "shards.list").write_text("".join(p + "\n" for p in shards))
+    assert read_transcripts(str(tmp_path / "shards.list"), {"data_type": "shard"}) == pairs[3:] + pairs[:3]
