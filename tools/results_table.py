@@ -5,26 +5,32 @@
         --modes ctc_greedy_search attention_rescoring --title "conformer" > exp/conformer/RESULTS.md
 
 Reads references from ``<data>/<test_set>/text`` and hypotheses from ``<dir>/<test_set>/<mode>/text`` (as written
-by ``toolkit.bin.recognize``); utterances without a hypothesis count as deletions.
+by ``toolkit.bin.recognize``) and scores them with :mod:`toolkit.utils.metrics` (the scorer of recognize and
+``tools/compute_wer.py``); utterances without a hypothesis count as deletions, a rate with no reference word (N =
+0) reads ``n/a``. Needs the toolkit importable (``pip install -e .``, or the recipe's ``path.sh``).
 """
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compute_wer import read_table, score  # noqa: E402
+from toolkit.utils.kaldi_files import read_table
+from toolkit.utils.metrics import score
 
 
 def table(data: str, exp_dir: str, test_sets: list, modes: list) -> list:
-    """Rows ``(test_set, mode, utts, wer_dict, cer_dict)`` in the given order."""
+    """Rows ``(test_set, mode, utts, word Score, char Score)`` in the given order (see
+    :func:`toolkit.utils.metrics.score`)."""
     rows = []
     for test_set in test_sets:
         ref = read_table(os.path.join(data, test_set, "text"))
         for mode in modes:
             hyp = read_table(os.path.join(exp_dir, test_set, mode, "text"))
-            rows.append((test_set, mode, len(ref), score(ref, hyp), score(ref, hyp, cer=True)))
+            rows.append((test_set, mode, len(ref), score(ref, hyp, "word"), score(ref, hyp, "char")))
     return rows
+
+
+def _rate(rate) -> str:
+    return "n/a" if rate is None else f"{rate:.2f}"
 
 
 def main():
@@ -39,8 +45,9 @@ def main():
     print("| test set | decoding mode | utts | words N | WER % (S/D/I) | CER % |")
     print("|---|---|---:|---:|---:|---:|")
     for test_set, mode, utts, wer, cer in table(args.data, args.dir, args.test_sets, args.modes):
-        print(f"| {test_set} | {mode} | {utts} | {wer['N']} | {wer['error_rate']:.2f} "
-              f"({wer['S']}/{wer['D']}/{wer['I']}) | {cer['error_rate']:.2f} |")
+        words, chars = wer.totals, cer.totals
+        print(f"| {test_set} | {mode} | {utts} | {words.N} | {_rate(words.error_rate)} "
+              f"({words.S}/{words.D}/{words.I}) | {_rate(chars.error_rate)} |")
 
 
 if __name__ == "__main__":

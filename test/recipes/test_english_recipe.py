@@ -1,4 +1,5 @@
-"""The recipe end to end on real speech: FSDD, 2 gloo ranks, small conformer, every stage -1..5.
+"""The recipe end to end on real speech: FSDD, 2 gloo ranks (training and decoding), small conformer, every stage
+-1..5.
 
 Measured on the 2-core CI machine kind (2026-11-30): CV loss falls from 9.2 to 1.0 in 15 epochs and the unseen test
 speaker (theo, recorded ~20 dB below the training speakers) gets 19.6% WER with attention rescoring and 40.0% with
@@ -6,6 +7,7 @@ CTC greedy search; a model that only runs (or trains without volume perturbation
 of a 10-word vocabulary. The bounds below leave room for thread-order differences between machines.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -39,5 +41,10 @@ def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
     utts, wer_rescoring = results[("test_fsdd", "attention_rescoring")]
     _, wer_greedy = results[("test_fsdd", "ctc_greedy_search")]
     assert utts == 500
+    decoding = json.loads((exp / "test_fsdd" / "decode_summary.json").read_text())  # stage 5 ran on 2 ranks
+    assert decoding["world_size"] == 2 and sum(decoding["decoded_per_rank"]) == 500
+    assert decoding["utterances"]["repeated"] == 0
+    words = decoding["scores"]["attention_rescoring"]["word"]  # recognize's own score is the table's
+    assert words["N"] == 500 and round(100 * (words["S"] + words["D"] + words["I"]) / 500, 2) == wer_rescoring
     assert wer_rescoring < 35.0, results
     assert wer_greedy < 60.0, results

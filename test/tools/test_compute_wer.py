@@ -1,39 +1,47 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-from compute_wer import read_table, score  # noqa: E402
+from toolkit.utils.kaldi_files import read_table
+from toolkit.utils.metrics import ErrorCounts, score
 
+ROOT = Path(__file__).resolve().parents[2]
 REF = {"u1": "A B C D", "u2": "THE CAT SAT", "u3": "HELLO"}
 HYP = {"u1": "A X C D E", "u2": "THE  SAT", "u9": "EXTRA"}
 
 
+def compute_wer(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's toolkit, whatever is installed
+    return subprocess.run([sys.executable, str(ROOT / "tools/compute_wer.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
 def test_word_counts_by_hand():
-    result = score(REF, HYP, cer=False)
+    result = score(REF, HYP, "word")
     # u1: A=A, B->X (S), C=C, D=D, +E (I); u2: CAT deleted; u3: missing -> HELLO deleted.
-    assert result["per_utt"]["u1"] == {"N": 4, "C": 3, "S": 1, "D": 0, "I": 1}
-    assert result["per_utt"]["u2"] == {"N": 3, "C": 2, "S": 0, "D": 1, "I": 0}
-    assert result["per_utt"]["u3"] == {"N": 1, "C": 0, "S": 0, "D": 1, "I": 0}
-    assert {c: result[c] for c in "NCSDI"} == {"N": 8, "C": 5, "S": 1, "D": 2, "I": 1}
-    assert result["error_rate"] == pytest.approx(50.0)
-    assert result["missing"] == ["u3"] and result["extra"] == ["u9"]
+    assert result.per_utt["u1"] == ErrorCounts(N=4, C=3, S=1, D=0, I=1)
+    assert result.per_utt["u2"] == ErrorCounts(N=3, C=2, S=0, D=1, I=0)
+    assert result.per_utt["u3"] == ErrorCounts(N=1, C=0, S=0, D=1, I=0)
+    assert result.totals == ErrorCounts(N=8, C=5, S=1, D=2, I=1)
+    assert result.totals.error_rate == pytest.approx(50.0)
+    assert result.missing == ["u3"] and result.extra == ["u9"]
 
 
 def test_character_counts_by_hand():
-    result = score({"a": "AB C", "b": "CAT"}, {"a": "AC C", "b": "CART"}, cer=True)
+    result = score({"a": "AB C", "b": "CAT"}, {"a": "AC C", "b": "CART"}, "char")
     # a: A=A, B->C (S), " C" equal; b: C A +R T.
-    assert result["per_utt"]["a"] == {"N": 4, "C": 3, "S": 1, "D": 0, "I": 0}
-    assert result["per_utt"]["b"] == {"N": 3, "C": 3, "S": 0, "D": 0, "I": 1}
-    assert result["error_rate"] == pytest.approx(200 / 7)
+    assert result.per_utt["a"] == ErrorCounts(N=4, C=3, S=1, D=0, I=0)
+    assert result.per_utt["b"] == ErrorCounts(N=3, C=3, S=0, D=0, I=1)
+    assert result.totals.error_rate == pytest.approx(200 / 7)
 
 
-def test_empty_reference_set():
-    assert score({}, {}, cer=False)["error_rate"] == 0.0
-    assert score({"a": ""}, {"a": "X"}, cer=False)["I"] == 1
+def test_no_reference_word_has_no_rate():
+    assert score({}, {}).totals == ErrorCounts() and score({}, {}).totals.error_rate is None
+    only_insertions = score({"a": ""}, {"a": "X"}).totals
+    assert only_insertions == ErrorCounts(I=1) and only_insertions.error_rate is None
 
 
 def test_command_line_report(tmp_path):
@@ -41,8 +49,33 @@ def test_command_line_report(tmp_path):
     ref.write_text("".join(f"{k} {v}\n" for k, v in REF.items()))
     hyp.write_text("".join(f"{k} {v}\n" for k, v in HYP.items()))
     assert read_table(str(hyp)) == {"u1": "A X C D E", "u2": "THE  SAT", "u9": "EXTRA"}
-    run = subprocess.run([sys.executable, str(ROOT / "tools/compute_wer.py"), str(ref), str(hyp),
-                          "--per_utt", str(per_utt)], capture_output=True, text=True, check=True)
+    run = compute_wer(ref, hyp, "--per_utt", per_utt)
+    assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["N=8 C=5 S=1 D=2 I=1", "WER 50.00 % [ 4 / 8 ]"]
     assert "u3" in run.stderr and "u9" in run.stderr
     assert per_utt.read_text().splitlines() == ["u1 4 3 1 0 1", "u2 3 2 0 1 0", "u3 1 0 0 1 0"]
+    run = compute_wer("--cer", ref, hyp)
+    assert run.returncode == 0 and run.stdout.splitlines()[1].startswith("CER ")
+
+
+def test_an_empty_reference_file_is_an_error(tmp_path):
+    (tmp_path / "ref").write_text("\n")
+    (tmp_path / "hyp").write_text("u1 A B\n")
+    run = compute_wer(tmp_path / "ref", tmp_path / "hyp")
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.strip() == f"compute_wer.py: the reference file {tmp_path / 'ref'} holds no utterance; " \
+                                 "nothing to score"
+
+
+def test_references_without_words_print_counts_and_fail(tmp_path):
+    (tmp_path / "ref").write_text("u1\nu2 \n")  # two utterances, both with empty transcripts
+    (tmp_path / "hyp").write_text("u1 A B\nu2\n")
+    run = compute_wer(tmp_path / "ref", tmp_path / "hyp")
+    assert run.returncode == 1
+    assert run.stdout.splitlines() == ["N=0 C=0 S=0 D=0 I=2", "WER undefined [ 2 / 0 ]"]
+    assert "the 2 references in" in run.stderr and "hold no word: the error rate is undefined" in run.stderr
+
+
+def test_missing_file_is_named(tmp_path):
+    run = compute_wer(tmp_path / "nope", tmp_path / "nope2")
+    assert run.returncode == 1 and f"cannot read {tmp_path / 'nope'}" in run.stderr

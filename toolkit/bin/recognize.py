@@ -1,36 +1,61 @@
-"""Decode a test set with a trained model; writes ``<result_dir>/<mode>/text`` (``key hyp`` per line).
+"""Decode a test set with a trained model, on one process or on every rank of a torchrun job, and score it.
 
-Usage:
+Usage (the recipe's stage 5 runs the torchrun form with ``--decode_nproc_per_node`` ranks):
 
-    python -m toolkit.bin.recognize --config exp/conformer/train.yaml --checkpoint exp/conformer/avg_3.pt \\
+    torchrun --standalone --nproc_per_node=2 -m toolkit.bin.recognize \\
+        --config exp/conformer/train.yaml --checkpoint exp/conformer/avg_3.pt \\
         --test_data data/test_fsdd/data.list --result_dir exp/conformer/test_fsdd \\
         --modes ctc_greedy_search ctc_prefix_beam_search attention attention_rescoring \\
         --beam_size 10 --batch_size 32
 
-Every mode shares one encoder pass per batch. Utterances the data pipeline skips (unreadable audio, unknown
-characters) are logged with their key and counted; the scorer then counts them as deletions, so a WER is never
-computed on a silently shrunk test set.
+    python -m toolkit.bin.recognize ...        # the same options, one rank
+
+Writes, from global rank 0, per mode ``<result_dir>/<mode>/text`` (``key hyp`` lines in the data.list's order),
+``<mode>/wer`` and ``<mode>/cer`` (``N=.. C=.. S=.. D=.. I=..`` and the rate, the format of
+``tools/compute_wer.py``), and ``<result_dir>/decode_summary.json`` (utterance counts, skips by reason, audio
+seconds, wall time, real-time factor, the counts of every mode).
+
+How the ranks share the work: each rank decodes its own part of the data.list, the training partition of
+:mod:`toolkit.dataset.pipeline` (every raw line, or every shard, goes to exactly one rank and loader worker; ranks
+may get unequal parts, or none), one encoder pass per batch for all modes. No rank waits for another while
+decoding: whole-job progress goes through the store (:mod:`toolkit.distributed.progress`), and the results are
+gathered once at the end, de-duplicated by key (a key decoded twice is logged as an error of the partition and
+counted in the summary). Scoring uses :mod:`toolkit.utils.metrics`, like ``tools/compute_wer.py``: each rank counts
+its own utterances against the data.list's transcripts and the integer counts are summed across ranks, so the
+numbers do not depend on the number of ranks. Utterances the pipeline skips (unreadable audio, unknown
+characters) are logged with their key, counted by reason and scored as deletions, so a WER is never computed on a
+silently shrunk test set.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
+import time
 from collections import Counter
 
 import torch
-from tqdm import tqdm
 
 from toolkit.config import read_config
 from toolkit.dataset import DatasetConf, build_dataloader, build_dataset
 from toolkit.dataset.conf import BatchConf, FilterConf, TokenizeConf
+from toolkit.dataset.pipeline import read_transcripts
+from toolkit.distributed.context import destroy_distributed, init_distributed
+from toolkit.distributed.gather import JobResults, RankResults, gather_results
+from toolkit.distributed.main_only import main_process_only
+from toolkit.distributed.metrics import score_across_ranks
+from toolkit.distributed.progress import JobProgress
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
-from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
+from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
 from toolkit.utils.config import exit_on_config_error
+from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
+# NOTE: these skips lose utterances before their key is read, so they cannot be scored as deletions here.
+UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
 
 
 def get_args(argv=None) -> argparse.Namespace:
@@ -45,10 +70,10 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--ctc_weight", type=float, default=0.5, help="CTC weight in attention rescoring")
     parser.add_argument("--length_penalty", type=float, default=0.0,
-                        help="score bonus per output token in attention and attention_rescoring (> 0 favours "
-                             "longer outputs); attention then ranks by score per decoding step (GNMT-style length "
-                             "normalisation, so an early <eos> does not win at wide beams)")
-    parser.add_argument("--num_threads", type=int, default=0, help="CPU threads (0: torch default)")
+                        help="added to a hypothesis' log-probability per token, in attention (on top of its length "
+                             "normalisation) and attention rescoring; > 0 favours longer outputs")
+    parser.add_argument("--num_threads", type=int, default=0,
+                        help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
     return parser.parse_args(argv)
 
 
@@ -64,56 +89,133 @@ def test_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
         shuffle=False, sort=False, tokenize_conf=TokenizeConf(max_unk_ratio=1.0))
 
 
-def main(argv=None) -> None:
-    args = get_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if args.num_threads > 0:
-        torch.set_num_threads(args.num_threads)
-    config = read_config(args.config, args.override_config)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
-    check_model_fits_table(tokenizer, config.output_dim, args.config)
-    dataset = build_dataset(args.test_data, tokenizer, test_dataset_conf(config.dataset_conf, args.batch_size),
-                            mode="test")
-    loader = build_dataloader(dataset)
-    model = init_model(config)
-    model.load_state_dict(load_checkpoint(args.checkpoint)[MODEL_KEY])
-    model.to(device).eval()
-
-    outputs = {}
-    for mode in args.modes:
-        os.makedirs(os.path.join(args.result_dir, mode), exist_ok=True)
-        outputs[mode] = open(os.path.join(args.result_dir, mode, "text"), "w", encoding="utf-8")
-    skipped = Counter()
-    no_frame = 0
-    with open(args.test_data, encoding="utf-8") as f:
-        total = sum(1 for line in f if line.strip())
-    with torch.no_grad(), tqdm(total=total, unit="utt", desc="decode") as bar:
-        for batch in loader:
-            skipped.update(batch.get("num_skipped", {}))
-            if len(batch["keys"]) == 0:
-                continue
-            encoder_frames = model.encoder.output_lengths(batch["feats_lengths"]).tolist()
-            for key in [key for key, n in zip(batch["keys"], encoder_frames) if n == 0]:
-                # NOTE: ASRModel.decode gives such a clip the empty hypothesis in every mode, in any batch.
+def decode_share(model, loader, tokenizer, args, device: torch.device, progress: JobProgress) -> RankResults:
+    """Decode every batch of this rank's loader with all ``args.modes``; counts each utterance (decoded or
+    skipped) into ``progress``. A clip too short for a single encoder frame (under 7 fbank frames) decodes to the
+    empty hypothesis in every mode (``ASRModel.decode``); it is named and counted under ``no_encoder_frame``."""
+    results = RankResults(hyps={mode: [] for mode in args.modes})
+    skipped: Counter = Counter()
+    for batch in loader:
+        skipped.update(batch["num_skipped"])
+        if batch["keys"]:  # NOTE: a B=0 batch only carries skip counts
+            frames = model.encoder.output_lengths(batch["feats_lengths"]).tolist()
+            for key in [key for key, n in zip(batch["keys"], frames) if n == 0]:
                 logging.warning("%s: under 7 fbank frames, no encoder frame: empty hypothesis", key)
-                no_frame += 1
+                results.no_encoder_frame += 1
             hyps = model.decode(args.modes, batch["feats"].to(device), batch["feats_lengths"].to(device),
                                 beam_size=args.beam_size, ctc_weight=args.ctc_weight,
                                 length_penalty=args.length_penalty)
             for mode, token_ids in hyps.items():
-                for key, ids in zip(batch["keys"], token_ids):
-                    text, _ = tokenizer.detokenize(ids)
-                    outputs[mode].write(f"{key} {text}\n")
-            bar.update(len(batch["keys"]))
-    for out in outputs.values():
-        out.close()
-    if skipped:
-        logging.warning("skipped utterances by reason: %s (scored as deletions)", dict(skipped))
-    if no_frame:
-        logging.warning("%d utterance(s) too short for the encoder got an empty hypothesis", no_frame)
-    logging.info("wrote %s", ", ".join(os.path.join(args.result_dir, mode, "text") for mode in args.modes))
+                results.hyps[mode] += [tokenizer.detokenize(ids)[0] for ids in token_ids]
+            results.keys += batch["keys"]
+            results.num_frames += int(batch["feats_lengths"].sum())
+        progress.add(len(batch["keys"]) + sum(batch["num_skipped"].values()))
+    results.skipped = dict(skipped)
+    return results
+
+
+@main_process_only
+def summarize(args, job: JobResults, listed: list, references: dict, scores: dict, audio_s: float,
+              wall_s: float, progress: JobProgress) -> dict:
+    """Rank 0: the content of ``decode_summary.json``; logs what needs attention (repeats, skips, unscored)."""
+    missing = [key for key in references if key not in job.owner]
+    extra = [key for key in job.owner if key not in references]
+    if job.repeated:
+        logging.error("%d decoding(s) repeated an utterance already decoded (the partition must give each "
+                      "utterance to one rank; or the data.list lists a key twice); kept the first: %s",
+                      sum(job.repeated.values()), sorted(job.repeated)[:10])
+    if job.skipped:
+        logging.warning("skipped utterances by reason: %s (scored as deletions)", job.skipped)
+    if job.no_encoder_frame:
+        logging.warning("%d utterance(s) too short for the encoder got an empty hypothesis", job.no_encoder_frame)
+    unlisted = {reason: n for reason, n in job.skipped.items() if reason in UNLISTED_SKIPS}
+    if unlisted:
+        logging.warning("%s: utterances whose key could not be read are missing from the score; score against "
+                        "the Kaldi text with tools/compute_wer.py to count them", unlisted)
+    if extra:
+        logging.warning("%d decoded keys have no reference in %s (ignored): %s", len(extra), args.test_data,
+                        extra[:10])
+    return {
+        "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
+        "world_size": len(job.decoded_per_rank),
+        "utterances": {"listed": len(listed), "listed_keys": len(references),
+                       "decoded": sum(job.decoded_per_rank), "decoded_keys": len(job.owner),
+                       "repeated": sum(job.repeated.values()), "without_hypothesis": len(missing),
+                       "without_reference": len(extra)},
+        "decoded_per_rank": job.decoded_per_rank, "skipped": dict(sorted(job.skipped.items())),
+        "no_encoder_frame": job.no_encoder_frame,
+        "audio_s": round(audio_s, 3), "decode_wall_s": round(wall_s, 3),
+        "rtf": round(wall_s / audio_s, 5) if audio_s else None,
+        "progress_store_adds": {"calls": progress.add_calls, "seconds": round(progress.add_s, 4)},  # rank 0's
+        "scores": {mode: {unit: dict(zip(COUNT_NAMES, counts.as_tuple())) for unit, counts in units.items()}
+                   for mode, units in scores.items()},
+    }
+
+
+@main_process_only
+def write_results(result_dir: str, references: dict, job: JobResults, scores: dict, summary: dict) -> None:
+    """Rank 0: ``<mode>/text`` in reference order (then any key without a reference), ``<mode>/wer``,
+    ``<mode>/cer``, ``decode_summary.json``; each file written atomically."""
+    for mode, hyps in job.hyps.items():
+        os.makedirs(os.path.join(result_dir, mode), exist_ok=True)
+        keys = [key for key in references if key in hyps] + [key for key in hyps if key not in references]
+        text = "".join(f"{key} {hyps[key]}\n" for key in keys)
+        atomic_write(os.path.join(result_dir, mode, "text"), lambda f: f.write(text.encode("utf-8")))
+        for unit, name in zip(UNITS, ("wer", "cer")):
+            report = format_report(scores[mode][unit], unit)
+            atomic_write(os.path.join(result_dir, mode, name), lambda f: f.write(report.encode("utf-8")))
+            logging.info("%s: %s", mode, report.splitlines()[1])
+    atomic_write(os.path.join(result_dir, "decode_summary.json"),
+                 lambda f: f.write((json.dumps(summary, indent=1) + "\n").encode("utf-8")))
+    logging.info("decoded %d utterances (%.1f s of audio) on %d rank(s) in %.1f s: real-time factor %s; wrote %s",
+                 summary["utterances"]["decoded"], summary["audio_s"], summary["world_size"],
+                 summary["decode_wall_s"], summary["rtf"], result_dir)
+
+
+def main(argv=None) -> None:
+    args = get_args(argv)
+    # 1. process group and rank context (torchrun environment, read once; one rank without torchrun)
+    ctx = init_distributed()
+    logging.basicConfig(level=logging.INFO, force=True,
+                        format=f"%(asctime)s rank{ctx.rank} %(levelname)s %(message)s")
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    # 2. config, tokenizer (it must fit the model); this rank's share of the test set; every rank reads the
+    # references (key order)
+    config = read_config(args.config, args.override_config)
+    tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
+    check_model_fits_table(tokenizer, config.output_dim, args.config)
+    dataset_conf = test_dataset_conf(config.dataset_conf, args.batch_size)
+    dataset = build_dataset(args.test_data, tokenizer, dataset_conf, mode="test", rank=ctx.rank,
+                            world_size=ctx.world_size)
+    loader = build_dataloader(dataset)
+    listed = read_transcripts(args.test_data, dataset_conf.data_type)
+    references: dict[str, str] = {}
+    for key, text in listed:
+        references.setdefault(key, text)
+    # 3. model
+    model = init_model(config)
+    model.load_state_dict(load_checkpoint(args.checkpoint)[MODEL_KEY])
+    model.to(ctx.device).eval()
+    # 4. decode this rank's share; the bar on rank 0 counts every rank's utterances
+    start = time.perf_counter()
+    with JobProgress(total=len(listed), desc="decode", unit="utt") as progress, torch.no_grad():
+        local = decode_share(model, loader, tokenizer, args, ctx.device, progress)
+    wall_s = time.perf_counter() - start  # until the last rank finished
+    # 5. gather once; de-duplicate by key; every rank scores its own utterances, counts summed across ranks
+    job = gather_results(local)
+    scores = score_across_ranks(references, job.hyps, job.owner)
+    audio_s = job.num_frames * dataset_conf.fbank_conf.frame_shift_s
+    # 6. rank 0 writes the texts, the scores and the summary
+    summary = summarize(args, job, listed, references, scores, audio_s, wall_s, progress)
+    write_results(args.result_dir, references, job, scores, summary)
+    destroy_distributed()
+
+
+def cli() -> None:
+    """The ``toolkit-recognize`` command: a config error is one log line and exit status 2."""
+    exit_on_config_error(main)
 
 
 if __name__ == "__main__":
-    exit_on_config_error(main)
+    cli()

@@ -32,7 +32,7 @@ import functools
 import logging
 import random
 from collections import Counter
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -191,6 +191,30 @@ def count_utterances(data_list_file: str, data_type: str) -> int:
     counts = _shard_counts(data_list_file, lines)
     return sum(shard.count_shard_utterances(shard.parse_shard_line(line)[0]) if n is None else n
                for line, n in zip(lines, counts))
+
+
+def read_transcripts(data_list_file: str, data_type: str) -> List[Tuple[str, str]]:
+    """``(key, transcript)`` of every utterance a data.list names, in input order (raw: line order; shard: shard
+    order, then member order), repeats included: the references of a test set and the order its results are
+    written in. A raw line that is not a valid JSON utterance, and the utterances of a missing or damaged shard
+    past the damage, are left out (the pipeline skips them too, counted as ``bad_line``, ``missing_shard`` or
+    ``corrupt_shard``).
+
+    Raises:
+        OSError: ``data_list_file`` cannot be read. ConfigError: a malformed shard line.
+    """
+    lines = _read_lines(data_list_file)
+    if data_type == "shard":
+        _shard_counts(data_list_file, lines)  # checks every line
+        return [pair for line in lines for pair in shard.read_shard_transcripts(shard.parse_shard_line(line)[0])]
+    pairs = []
+    for line in lines:
+        try:
+            sample = processor.parse_raw({"line": line})
+        except processor.SkipSample:
+            continue
+        pairs.append((sample["key"], sample["txt"]))
+    return pairs
 
 
 def build_dataset(data_list_file: str, tokenizer, conf: DatasetConf | dict | None, *, mode: str = "train",

@@ -276,6 +276,26 @@ def _read_shard(line: str, num_skipped: Counter) -> Iterator[dict]:
     _count_lost(num_skipped, path, num_utts, done, damage)
 
 
+def read_shard_transcripts(path: str) -> List[Tuple[str, str]]:
+    """``(key, transcript)`` of every transcript member of a shard, in order, without reading the audio (tarfile
+    seeks over it). A missing or unreadable shard gives the members before the damage (none when missing); a
+    transcript that is not UTF-8 is left out. Both are reported, per utterance, when the shard is read for
+    decoding."""
+    pairs = []
+    try:
+        with tarfile.open(path, mode="r:", ignore_zeros=True) as tar:
+            for member in tar:
+                key, _, ext = member.name.rpartition(".")
+                if member.isfile() and ext == TRANSCRIPT_EXT:
+                    try:
+                        pairs.append((key, tar.extractfile(member).read().decode("utf-8")))
+                    except UnicodeDecodeError:
+                        continue
+    except (tarfile.TarError, OSError, EOFError):
+        pass
+    return pairs
+
+
 def read_shards(shard_lines: Iterable[str], num_skipped: Counter) -> Iterator[dict]:
     """Stream step: read shards one after another, in order, each sequentially.
 

@@ -6,12 +6,13 @@
 #   bash run.sh --stage 4 --stop_stage 4       # only training
 #   bash run.sh --corpus_dir /data/my_corpora --corpora "fsdd" --dir exp/fsdd
 #   bash run.sh --nproc_per_node 8 --overrides "train_conf.max_epoch 100"   # GPUs: edit conf/train_conformer.yaml
+#   bash run.sh --stage 5 --decode_nproc_per_node 4                        # decode with 4 ranks per node
 #   bash run.sh --num_nodes 2 --HOST_NODE_ADDR node0:29400   # run the same command on every node
 #
 #   bash run.sh --data_type shard              # tar shards (stage 3) instead of one file per utterance
 #
 # Stages: -1 corpus check, 0 data dirs, 1 global CMVN, 2 dictionary (char or BPE), 3 data.list (raw or shards),
-#         4 training, 5 averaging + decoding + scoring (RESULTS.md in the model dir).
+#         4 training, 5 averaging + decoding on every rank + scoring (RESULTS.md in the model dir).
 # Every variable below can be set as --name value; relative paths are relative to this directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -43,7 +44,8 @@ average_num=3                        # 0: decode the last epoch as is
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
 beam_size=10
 decode_batch_size=32
-decode_threads=0                     # 0: torch's default
+decode_threads=0                     # per rank; 0: torch's default divided among the ranks of a node
+decode_nproc_per_node=               # decoding ranks per node; default: nproc_per_node
 cmvn_workers=2
 
 . tools/parse_options.sh
@@ -66,6 +68,10 @@ if [ -z "$nproc_per_node" ]; then
   nproc_per_node=$(python -c "import torch; print(torch.cuda.device_count())")
   [ "$nproc_per_node" -gt 0 ] || nproc_per_node=2
 fi
+decode_nproc_per_node=${decode_nproc_per_node:-$nproc_per_node}
+for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || die "--nproc_per_node, --decode_nproc_per_node and --num_nodes must be positive integers, got '$n'"
+done
 dict=$data/dict/units.txt
 bpemodel=$data/dict/bpe
 test_sets=$(for c in $corpora; do printf 'test_%s ' "$c"; done)
@@ -128,16 +134,18 @@ if (( stage <= 3 && stop_stage >= 3 )); then
   done
 fi
 
+if [ "$num_nodes" -gt 1 ]; then  # each job below adds --nproc_per_node (and its own --rdzv_id)
+  launcher=(torchrun --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR")
+else
+  launcher=(torchrun --standalone --nnodes=1)
+fi
+job_id() { [ "$num_nodes" -gt 1 ] && echo "--rdzv_id=toolkit-english-$1"; true; }
+
 if (( stage <= 4 && stop_stage >= 4 )); then
   echo "stage 4: training with $train_engine, $num_nodes node(s) x $nproc_per_node process(es)"
   mkdir -p "$dir"
-  if [ "$num_nodes" -gt 1 ]; then
-    launcher=(torchrun --nnodes="$num_nodes" --nproc_per_node="$nproc_per_node" --rdzv_backend=c10d
-              --rdzv_endpoint="$HOST_NODE_ADDR" --rdzv_id=toolkit-english)
-  else
-    launcher=(torchrun --standalone --nnodes=1 --nproc_per_node="$nproc_per_node")
-  fi
-  "${launcher[@]}" -m toolkit.bin.train --config "$train_config" "${train_overrides[@]}" \
+  "${launcher[@]}" --nproc_per_node="$nproc_per_node" $(job_id train) -m toolkit.bin.train \
+    --config "$train_config" "${train_overrides[@]}" \
     --train_data "$data/train/data.list" --cv_data "$data/dev/data.list" \
     --model_dir "$dir" --tensorboard_dir "$tensorboard_dir" --train_engine "$train_engine" \
     ${deepspeed_config:+--deepspeed_config "$deepspeed_config"} ${checkpoint:+--checkpoint "$checkpoint"}
@@ -156,19 +164,24 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
     [ -n "$decode_checkpoint" ] || die "no committed epoch_N.pt (with epoch_N.yaml) in $dir"
     echo "stage 5: decoding the newest epoch as it is: $decode_checkpoint"
   fi
-  echo "stage 5: decoding $test_sets with $decode_modes"
+  echo "stage 5: decoding $test_sets with $decode_modes, $num_nodes node(s) x $decode_nproc_per_node process(es)"
   for x in $test_sets; do
-    python -m toolkit.bin.recognize --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
+    # every rank decodes its share; global rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
+    rm -f "$dir/$x/decode_summary.json"
+    "${launcher[@]}" --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x") -m toolkit.bin.recognize \
+      --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
       --test_data "$data/$x/data.list" --result_dir "$dir/$x" --modes $decode_modes \
       --beam_size "$beam_size" --batch_size "$decode_batch_size" --num_threads "$decode_threads"
-    for m in $decode_modes; do
-      python tools/compute_wer.py "$data/$x/text" "$dir/$x/$m/text" > "$dir/$x/$m/wer"
-      python tools/compute_wer.py --cer "$data/$x/text" "$dir/$x/$m/text" > "$dir/$x/$m/cer"
-    done
   done
-  python tools/results_table.py --data "$data" --dir "$dir" --test_sets $test_sets --modes $decode_modes \
-    --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine)" \
-    > "$dir/RESULTS.md"
-  cat "$dir/RESULTS.md"
+  written=1
+  for x in $test_sets; do [ -f "$dir/$x/decode_summary.json" ] || written=0; done
+  if [ "$written" = 1 ]; then
+    python tools/results_table.py --data "$data" --dir "$dir" --test_sets $test_sets --modes $decode_modes \
+      --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine)" \
+      > "$dir/RESULTS.md"
+    cat "$dir/RESULTS.md"
+  else  # NOTE: without a shared file system only the node of global rank 0 holds the decoding results
+    echo "stage 5: the results were written on the node of global rank 0 (no $dir/<test set>/decode_summary.json here)"
+  fi
 fi
 echo "$0: stages $stage..$stop_stage done in $((SECONDS / 60)) min $((SECONDS % 60)) s"

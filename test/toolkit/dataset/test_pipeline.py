@@ -12,7 +12,8 @@ import yaml
 
 from toolkit.dataset import resolve_dataset_conf
 from toolkit.dataset.conf import FbankConf
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, lines_per_rank
+from toolkit.dataset.pipeline import build_dataloader, build_dataset, lines_per_rank, read_transcripts
+from toolkit.dataset.shard import write_shard
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 from toolkit.utils.config import ConfigError
 
@@ -251,3 +252,18 @@ def test_non_finite_audio_and_features_are_skipped_named_and_counted(tmp_path, t
     alone = write_list(tmp_path / "nan.list", [bad[0][0]])
     (batch,) = list(build_dataloader(build_dataset(alone, tokenizer, yaml_conf, mode="cv"), yaml_conf))
     assert batch["keys"] == [] and batch["num_skipped"] == {"non_finite_audio": 1}
+
+
+def test_read_transcripts_in_input_order_raw_and_shard(tmp_path):
+    entries = kaldi_entries(FSDD, "test")[:5]
+    raw = tmp_path / "raw.list"
+    raw.write_text(json.dumps(entries[3]) + "\nnot json\n" + "".join(json.dumps(e) + "\n" for e in entries[:3])
+                   + json.dumps(entries[3]) + "\n")
+    pairs = [(e["key"], e["txt"]) for e in entries]
+    assert read_transcripts(str(raw), "raw") == [pairs[3], *pairs[:3], pairs[3]]  # repeats kept, bad line left out
+    shards = [str(tmp_path / name) for name in ("b.tar", "missing.tar", "empty.tar", "a.tar")]
+    write_shard(entries[3:], shards[0])
+    write_shard([], shards[2])
+    write_shard(entries[:3], shards[3])
+    (tmp_path / "shards.list").write_text("".join(p + "\n" for p in shards))
+    assert read_transcripts(str(tmp_path / "shards.list"), "shard") == pairs[3:] + pairs[:3]
