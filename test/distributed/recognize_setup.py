@@ -3,6 +3,7 @@ tiny_fsdd char dictionary, test data.lists of real tiny_fsdd speech (unseen spea
 ``toolkit.bin.recognize`` run alone (plain python: one rank) or under torchrun with a hard timeout."""
 
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
@@ -12,14 +13,16 @@ import sys
 
 import torch
 
+from toolkit.config import read_config
+from toolkit.dataset.cmvn_stats import compute_stats
 from toolkit.models.registry import init_model
-from toolkit.text.tokenizer import WORD_BOUNDARY, text_to_char_units, write_symbol_table
+from toolkit.models.transformer.asr_model import DECODING_METHODS
+from toolkit.text.tokenizer import WORD_BOUNDARY, init_tokenizer, text_to_char_units, write_symbol_table
 from toolkit.utils.checkpoint import save_checkpoint
-from toolkit.utils.config import apply_overrides, check_modify_and_save_config, load_config
 
 from .recipe_data import CONF, ENV, REPO, _kaldi
 
-MODES = ("ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring")
+MODES = DECODING_METHODS
 TIMEOUT_S = 240  # one decoding job: ~15 s on 2 idle cores; a hang still fails here
 
 
@@ -38,15 +41,19 @@ def write_model(data_dir) -> tuple[str, str]:
     train = _kaldi("train")
     write_symbol_table(sorted({u for e in train for u in text_to_char_units(e["txt"])} | {WORD_BOUNDARY}),
                        str(data_dir / "units.txt"))
-    stats = [load_tool("compute_cmvn_stats").file_stats(e["wav"], {"num_mel_bins": 80}, 16000) for e in train]
+    fbank = {"num_mel_bins": 80, "frame_length": 25.0, "frame_shift": 10.0}
+    stats, skipped = compute_stats(train, fbank, 16000, num_workers=1)
+    assert not skipped
     with open(data_dir / "cmvn", "w", encoding="utf-8") as f:
-        json.dump({"mean_stat": sum(s[0] for s in stats).tolist(), "var_stat": sum(s[1] for s in stats).tolist(),
-                   "frame_num": sum(s[2] for s in stats)}, f)
-    configs = apply_overrides(load_config(CONF), [f"tokenizer_conf.symbol_table_path {data_dir / 'units.txt'}",
-                                                  f"cmvn_conf.cmvn_file {data_dir / 'cmvn'}"])
-    configs = check_modify_and_save_config(configs, str(data_dir / "model"), True)
+        json.dump(stats, f)
+    config = read_config(CONF, [f"tokenizer_conf.symbol_table_path {data_dir / 'units.txt'}",
+                                f"cmvn_conf.cmvn_file {data_dir / 'cmvn'}"])
+    vocab_size = init_tokenizer(config.tokenizer, config.tokenizer_conf).vocab_size()
+    config = dataclasses.replace(config, output_dim=vocab_size)
+    os.makedirs(data_dir / "model", exist_ok=True)
+    config.save(str(data_dir / "model" / "train.yaml"))
     torch.manual_seed(0)
-    model = init_model(configs)
+    model = init_model(config)
     save_checkpoint(str(data_dir / "model" / "init.pt"), {"model": model.state_dict()}, {"epoch": -1})
     return str(data_dir / "model" / "train.yaml"), str(data_dir / "model" / "init.pt")
 
@@ -110,8 +117,6 @@ def assert_same_decoding(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for name in a:
         assert a[name] == b[name], name
-
-
 
 
 def compute_wer(*args: str) -> str:

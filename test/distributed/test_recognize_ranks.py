@@ -92,7 +92,8 @@ def test_empty_shard_on_its_own_rank(model, thirteen, tmp_path):
     for path, part in zip(shards, (entries[:3], [], entries[3:])):
         assert write_shard(part, path) == (len(part), [])
     shard_list = tmp_path / "shards.list"
-    shard_list.write_text("".join(p + "\n" for p in shards))
+    shard_list.write_text("".join(json.dumps({"shard": p, "num_utts": n}) + "\n"
+                                  for p, n in zip(shards, (3, 0, len(entries) - 3))))
     proc = run_recognize(3, model, str(shard_list), tmp_path / "out",
                          "--override_config", "dataset_conf.data_type shard")
     assert "5/5" in proc.stderr  # the bar counts utterances, not the 3 shard lines

@@ -14,7 +14,7 @@ build_dataset = recognize.build_dataset
 
 def padded_build_dataset(*args, **kwargs):
     dataset = build_dataset(*args, **kwargs)
-    workers = dataset.world_size * max(1, dataset.conf["dataloader_conf"]["num_workers"])
+    workers = dataset.world_size * max(1, dataset.conf.dataloader_conf.num_workers)
     dataset.lines += dataset.lines[-1:] * (-len(dataset.lines) % workers)
     return dataset
 
