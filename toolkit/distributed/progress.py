@@ -8,7 +8,13 @@ failed (an exception inside the ``with JobProgress(...)`` block of any rank ends
 
 NOTE: a rank with a small share (or none) reaches the end long before the others. Waiting for them inside a
 collective would fail once the process-group timeout passes (30 minutes by default) on a long test set; polling
-the store has no such limit, and the collectives after it (gathering the results) then start together.
+the store has no such limit, and the collectives after it (gathering the results) then start together. A rank
+killed outright (no exception) is not seen here; torchrun then stops the job's other processes on its node, and
+waiting ranks elsewhere log every ``wait_log_s``.
+
+Cost (``tools/bench_decode.py``, 2 shared CPU cores, 2,000 utterances in batches of 32): one ``add`` per batch,
+63 calls took 15-190 ms in all on one rank (0.2-3 ms each, most of it waiting for the store's process to be
+scheduled), under 0.1 % of the 40-800 s of decoding.
 """
 
 from __future__ import annotations
