@@ -7,7 +7,7 @@ the count, read from the written shard, lets training count a lost shard in utte
 
 Each shard holds ``<key>.txt`` + ``<key>.<ext>`` (audio bytes) per utterance, in data.list order (format in
 toolkit/dataset/shard.py). --audio_format keep stores the source files' bytes; flac or wav re-encode to 16-bit
-PCM, several times the bytes of Ogg Opus but 6x (FLAC) to 25x (WAV) cheaper to decode.
+PCM, several times the bytes of Ogg Opus but much cheaper to decode (``benchmarks/bench_dataset.py`` measures it).
 
 Shards are written by --num_workers processes. The run is resumable: a shard is written to ``NAME.tmp`` and
 renamed when complete, and a shard file that already exists is kept, so after an interruption the same command

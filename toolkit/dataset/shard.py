@@ -9,9 +9,8 @@ members come in adjacent pairs, one pair per utterance::
                   re-encoded as 16-bit FLAC or WAV (``audio_format``; always for a segment, ``start``/``end``
                   in the raw line, which is cut first and stored as FLAC unless WAV is asked for)
 
-Re-encoding trades disk for CPU: decoding Ogg Opus costs about 2.5 ms per audio second on one core here,
-16-bit FLAC 0.4 ms and WAV 0.1 ms (while the fbank costs 0.7 ms), at about 4.5x (FLAC: 81 MB for the 18 MB
-of the kathleen corpus) and 9x (WAV) the bytes.
+Re-encoding trades disk for CPU: 16-bit FLAC and WAV decode much faster than Ogg Opus, at several times the bytes
+(``benchmarks/bench_dataset.py`` measures the pipeline on each).
 
 The data.list of a shard set holds one JSON line per shard, ``{"shard": "/abs/path.tar", "num_utts": N}``
 (:func:`write_shard_list`): the count is what lets a lost shard be counted in utterances. A bare path per line
