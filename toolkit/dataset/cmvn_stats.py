@@ -6,6 +6,7 @@ the int16 scale), with dither 0 so that the statistics are deterministic. The re
 of x^2], "frame_num": total frames}``; mean = mean_stat / frame_num, variance = var_stat / frame_num - mean^2.
 """
 
+import contextlib
 import logging
 import os
 from collections import Counter
@@ -70,7 +71,11 @@ def utterance_stats(entry: dict, fbank_conf: dict, resample_rate: int) -> Union[
 
 
 def compute_stats(entries: List[dict], fbank_conf: dict, resample_rate: int, num_workers: int) -> Tuple[dict, Counter]:
-    """Sum per-utterance statistics over ``entries`` with ``num_workers`` processes (tqdm progress on stderr).
+    """Sum per-utterance statistics over ``entries`` (tqdm progress on stderr), in this process for
+    ``num_workers`` 1, else in that many worker processes.
+
+    NOTE: the workers are forked: call it with ``num_workers`` > 1 only from a process that has not run torch ops
+    yet (as ``tools/compute_cmvn_stats.py`` does); a fork after torch started its thread pool can hang the children.
 
     Returns:
         ``(stats, skipped)``: the CMVN JSON dict and the utterances left out, by reason.
@@ -78,8 +83,12 @@ def compute_stats(entries: List[dict], fbank_conf: dict, resample_rate: int, num
     dim = fbank_conf["num_mel_bins"]
     mean_stat, var_stat, frame_num, skipped = np.zeros(dim), np.zeros(dim), 0, Counter()
     worker = partial(utterance_stats, fbank_conf=fbank_conf, resample_rate=resample_rate)
-    with Pool(num_workers) as pool:
-        for stats in tqdm(pool.imap_unordered(worker, entries, chunksize=16), total=len(entries), desc="cmvn"):
+    with contextlib.ExitStack() as stack:
+        if num_workers > 1:
+            results = stack.enter_context(Pool(num_workers)).imap_unordered(worker, entries, chunksize=16)
+        else:
+            results = map(worker, entries)
+        for stats in tqdm(results, total=len(entries), desc="cmvn"):
             if isinstance(stats, str):
                 skipped[stats] += 1
                 continue
