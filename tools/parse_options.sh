@@ -9,11 +9,14 @@
 # "--some-name value" sets the shell variable some_name, which the script itself must assign at the start of a
 # line ("some_name=default") before sourcing this file; anything else is an error, so typos fail loudly and an
 # environment variable (--HOME, --PATH) is never taken for an option. A variable whose default is true or false only accepts true or
-# false. Parsing stops at the first argument that does not start with "--". "--help" (or -h) prints the
+# false. Parsing stops at the first argument that does not start with "--", or after "--". "--help" (or -h) prints the
 # calling script's leading comment block and exits 0.
 
 while [ $# -gt 0 ]; do
   case "$1" in
+    --)  # the end of the options: what follows is left in $@ even if it starts with "--"
+      shift
+      break ;;
     --help|-h)
       # Print the caller's header: its leading comment lines (a shebang excluded), without the "# ".
       sed -n -e '1{/^#!/d;}' -e '/^#/!q' -e 's/^# \{0,1\}//' -e p "$0"

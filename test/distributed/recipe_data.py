@@ -55,9 +55,9 @@ def train_args(data_dir, model_dir, *overrides: str) -> list[str]:
     return args
 
 
-def run_standalone(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """One torchrun job of 2 gloo ranks on this machine."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+def run_standalone(args: list[str], timeout: float, nproc: int = 2) -> subprocess.CompletedProcess:
+    """One torchrun job of ``nproc`` gloo ranks on this machine."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO)
 
 

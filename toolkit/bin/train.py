@@ -13,7 +13,9 @@ Multi-node: ``torchrun --nnodes=$num_nodes --nproc_per_node=8 --rdzv_backend=c10
 --rdzv_endpoint=$HOST_NODE_ADDR --rdzv_id=$job_id -m toolkit.bin.train ...`` on every node.
 Resume with ``--checkpoint exp/conformer/epoch_3.pt`` (training continues at epoch 4) or with a mid-epoch
 ``--checkpoint exp/conformer/step_1200.pt`` (saved with ``train_conf.save_interval_steps``/``save_interval_minutes``;
-training continues at the next batch of that epoch, bit-identical to an uninterrupted run).
+training continues at the next batch of that epoch, bit-identical to an uninterrupted run). ``--checkpoint auto``
+resumes from the newest committed checkpoint in the model dir, so that torchrun's ``--max_restarts`` can restart a
+job whose rank died (run.sh ``--max_restarts N``).
 DeepSpeed ZeRO instead of DDP: add ``--train_engine deepspeed --deepspeed_config conf/ds_stage2.json`` (stage 1/2/3
 JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come from the YAML).
 """
@@ -30,16 +32,20 @@ import torch
 
 from toolkit.config import Config, read_config
 from toolkit.dataset import count_utterances, init_dataset_and_dataloader
+from toolkit.distributed.collectives import broadcast_object_from_main
 from toolkit.distributed.context import DistContext, destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
 from toolkit.distributed.main_only import main_process_only, run_on_main
+from toolkit.distributed.shared_dir import check_shared_dir
 from toolkit.engine import ENGINE_CHOICES, Engine, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.executor import Executor, require_utterances
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
+from toolkit.utils.checkpoint import newest_checkpoint
 from toolkit.utils.config import exit_on_config_error
+from toolkit.utils.rng import seed_global_rngs
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 from toolkit.utils.summary import init_summarywriter
 
@@ -54,7 +60,9 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cv_data", required=True, help="data.list of the cross-validation set")
     parser.add_argument("--model_dir", required=True, help="where checkpoints and train.yaml go")
     parser.add_argument("--tensorboard_dir", default="tensorboard")
-    parser.add_argument("--checkpoint", default=None, help="resume from this epoch_N.pt, step_N.pt or init.pt")
+    parser.add_argument("--checkpoint", default=None,
+                        help="resume from this epoch_N.pt, step_N.pt or init.pt; 'auto': from the newest committed "
+                             "epoch_N.pt or step_N.pt in --model_dir, if any (what an elastic restart needs)")
     parser.add_argument("--train_engine", default="torch_ddp", choices=ENGINE_CHOICES)
     parser.add_argument("--deepspeed_config", default=None, help="DeepSpeed JSON (--train_engine deepspeed only)")
     parser.add_argument("--deepspeed_shards", default="keep", choices=("keep", "drop"),
@@ -93,7 +101,7 @@ def main(argv=None) -> None:
     # 2. process group and rank context (torchrun environment, read once)
     ctx = init_distributed(args.pg_timeout_s)
     setup_logging(ctx.rank)
-    torch.manual_seed(train_conf.seed)
+    seed_global_rngs(train_conf.seed)
     # 3. tokenizer (its symbol table gives the vocabulary size) and data: each utterance to one rank and worker
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
     if config.output_dim is not None:  # a train.yaml of an earlier run: its model must fit this table
@@ -108,7 +116,9 @@ def main(argv=None) -> None:
     optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), config.optim, config.optim_conf,
                                                         config.scheduler, config.scheduler_conf)
     engine = wrap_cuda_model(args, ctx, config, model, optimizer, scheduler)
-    # 6. everything checked: rank 0 writes the effective train.yaml (it alone rebuilds the model for decoding)
+    # 6. everything checked: the model dir is one disk for every rank (rank 0 writes what all read back), and rank 0
+    # writes the effective train.yaml there (it alone rebuilds the model for decoding)
+    check_shared_dir(args.model_dir, "--model_dir")
     run_on_main(_save_config, (config, args.model_dir))
     # 7. the executor (join, checkpoints with its saver hooks); resume, or save the initial model
     join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s,
@@ -118,8 +128,12 @@ def main(argv=None) -> None:
     executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
                         config.dataset_conf.fbank_conf.frame_shift_s, signature,
                         count_utterances(args.train_data, config.dataset_conf.data_type))
-    if args.checkpoint:
-        executor.resume(args.checkpoint, train_set)
+    checkpoint = args.checkpoint
+    if checkpoint == "auto":  # rank 0's choice, so that every rank resumes the same files
+        checkpoint = broadcast_object_from_main(newest_checkpoint(args.model_dir), "--checkpoint auto")
+        logging.info("--checkpoint auto: %s", checkpoint or f"no committed checkpoint in {args.model_dir}, starting")
+    if checkpoint:
+        executor.resume(checkpoint, train_set)
     else:  # a run killed in epoch 0 still leaves a loadable model
         save_model(executor.checkpointer, {"epoch": -1, "step": 0, "tag": "init"})
     # 8. tensorboard (rank 0); the points an abandoned run logged after the resumed step are purged

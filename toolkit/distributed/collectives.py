@@ -63,3 +63,14 @@ def broadcast_from_main(flag: bool, call: str) -> bool:
     tensor = _on_backend(torch.tensor([int(flag)], dtype=torch.int32))
     dist.broadcast(tensor, src=0)
     return bool(tensor.item())
+
+
+def broadcast_object_from_main(obj: Any, call: str) -> Any:
+    """Global rank 0's ``obj`` (picklable) on every rank; what the other ranks pass is ignored (a choice rank 0
+    makes alone, e.g. from the files it sees)."""
+    check_collective(call)
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -21,8 +21,8 @@ import glob
 import math
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from typing import Any, Callable
 
 import torch
@@ -40,7 +40,10 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb",
     """Call ``write(fileobj)`` on a temporary file beside ``path``, fsync it and rename it to ``path``
     (``before_replace()`` runs once the new content is safely on disk, just before the rename)."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=directory)
+    tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}-{secrets.token_hex(8)}")
+    # NOTE: not tempfile.mkstemp, whose file keeps mode 0600 after the rename; created with 0666 here, the kernel
+    # applies the user's umask, so teammates and services can read a shared model dir as they can its other files.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, mode) as f:
             write(f)
@@ -129,6 +132,17 @@ def list_checkpoints(model_dir: str, pattern: str = "epoch_*.pt") -> list[str]:
     in their name (use one prefix per call: ``epoch_3`` and ``step_3`` are different counters)."""
     paths = [p for p in glob.glob(os.path.join(model_dir, pattern)) if os.path.exists(p[:-3] + ".yaml")]
     return sorted(paths, key=checkpoint_number)
+
+
+def newest_checkpoint(model_dir: str) -> str | None:
+    """The committed ``epoch_N.pt`` or ``step_N.pt`` in ``model_dir`` that training reached last, or None.
+
+    Ordered by the optimizer step in its ``.yaml``; at the same step the epoch checkpoint wins (it also holds the
+    epoch's cross-validation: a step checkpoint at the epoch's last step still has that to do).
+    """
+    candidates = list_checkpoints(model_dir, "epoch_*.pt") + list_checkpoints(model_dir, "step_*.pt")
+    return max(candidates, key=lambda p: (load_info(p).get("step", -1), os.path.basename(p).startswith("epoch_")),
+               default=None)
 
 
 def delete_checkpoint(path: str) -> list[str]:

@@ -18,6 +18,15 @@ import numpy as np
 import torch
 
 
+def seed_global_rngs(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's legacy global generator and torch's (CPU and every CUDA device) with
+    ``seed``, so that two runs of one config start from the same states of everything :class:`RngState` saves (an
+    unseeded one starts from the OS's entropy, and two otherwise identical runs then differ in their checkpoints)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 class RngState:
     """Saver hook for the global RNGs of this process (``state_dict``/``load_state_dict`` like a module)."""
 

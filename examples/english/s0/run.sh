@@ -8,6 +8,7 @@
 #   bash run.sh --nproc_per_node 8 --overrides "train_conf.max_epoch 100"   # GPUs: edit conf/train_conformer.yaml
 #   bash run.sh --stage 5 --decode_nproc_per_node 4                        # decode with 4 ranks per node
 #   bash run.sh --num_nodes 2 --HOST_NODE_ADDR node0:29400   # run the same command on every node
+#   bash run.sh --stage 4 --stop_stage 4 --max_restarts 3     # a dead rank restarts the job from its last checkpoint
 #
 #   bash run.sh --data_type shard              # tar shards (stage 3) instead of one file per utterance
 #
@@ -37,9 +38,11 @@ shard_workers=2
 nproc_per_node=                      # default: number of GPUs, else 2 CPU processes (gloo)
 num_nodes=1
 HOST_NODE_ADDR=localhost:29400       # rendezvous host:port of node 0 when num_nodes > 1
+rdzv_timeout_s=600                   # num_nodes > 1: how long the nodes wait for each other to join
+max_restarts=0                       # restart training up to N times after a rank dies (resumes the newest checkpoint)
 train_engine=torch_ddp               # torch_ddp | deepspeed
 deepspeed_config=                    # with deepspeed: conf/ds_stage{1,2,3}.json
-checkpoint=                          # resume from this epoch_N.pt
+checkpoint=                          # resume from this epoch_N.pt or step_N.pt; auto: the newest one in $dir
 average_num=3                        # 0: decode the last epoch as is
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
 beam_size=10
@@ -69,6 +72,17 @@ if [ -z "$nproc_per_node" ]; then
   [ "$nproc_per_node" -gt 0 ] || nproc_per_node=2
 fi
 decode_nproc_per_node=${decode_nproc_per_node:-$nproc_per_node}
+[[ $max_restarts =~ ^[0-9]+$ && $rdzv_timeout_s =~ ^[1-9][0-9]*$ ]] ||
+  die "--max_restarts must be a non-negative integer and --rdzv_timeout_s a positive one"
+if [ "$max_restarts" -gt 0 ]; then  # a restarted job resumes where the dead one committed its last checkpoint
+  [ -z "$checkpoint" ] || [ "$checkpoint" = auto ] ||
+    die "--max_restarts resumes from the newest checkpoint in --dir: copy $checkpoint into a new --dir instead"
+  checkpoint=auto
+  # NOTE: torchrun's rendezvous store, shared with the workers by default, keeps the dead attempt's keys, so a
+  # restarted rank can read a peer address of the attempt before (seen here in 2 of 3 restarts: gloo "connection
+  # refused"; pytorch/pytorch#135712). A store per attempt avoids it.
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+fi
 for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || die "--nproc_per_node, --decode_nproc_per_node and --num_nodes must be positive integers, got '$n'"
 done
@@ -135,16 +149,31 @@ if (( stage <= 3 && stop_stage >= 3 )); then
 fi
 
 if [ "$num_nodes" -gt 1 ]; then  # each job below adds --nproc_per_node (and its own --rdzv_id)
-  launcher=(torchrun --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR")
+  launcher=(torchrun --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR"
+            --rdzv_conf="join_timeout=$rdzv_timeout_s")
 else
   launcher=(torchrun --standalone --nnodes=1)
 fi
 job_id() { [ "$num_nodes" -gt 1 ] && echo "--rdzv_id=toolkit-english-$1"; true; }
+# torchrun, with one line saying so when the nodes never met (torchrun itself ends in a RendezvousTimeoutError
+# traceback)
+launch() {
+  local err rc=0
+  err=$(mktemp)
+  # stderr through tee into $err (and still to the terminal), stdout untouched
+  { "${launcher[@]}" "$@" 2>&1 1>&3 3>&- | tee "$err" >&2; rc=${PIPESTATUS[0]}; } 3>&1 || true
+  if [ "$rc" -ne 0 ] && grep -q RendezvousTimeoutError "$err"; then
+    echo "$0: not all $num_nodes nodes joined the rendezvous at $HOST_NODE_ADDR within --rdzv_timeout_s" \
+      "$rdzv_timeout_s: start the same command on every node" >&2
+  fi
+  rm -f "$err"
+  return "$rc"
+}
 
 if (( stage <= 4 && stop_stage >= 4 )); then
   echo "stage 4: training with $train_engine, $num_nodes node(s) x $nproc_per_node process(es)"
   mkdir -p "$dir"
-  "${launcher[@]}" --nproc_per_node="$nproc_per_node" $(job_id train) -m toolkit.bin.train \
+  launch --nproc_per_node="$nproc_per_node" --max_restarts="$max_restarts" $(job_id train) -m toolkit.bin.train \
     --config "$train_config" "${train_overrides[@]}" \
     --train_data "$data/train/data.list" --cv_data "$data/dev/data.list" \
     --model_dir "$dir" --tensorboard_dir "$tensorboard_dir" --train_engine "$train_engine" \
@@ -168,7 +197,7 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
   for x in $test_sets; do
     # every rank decodes its share; global rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
     rm -f "$dir/$x/decode_summary.json"
-    "${launcher[@]}" --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x") -m toolkit.bin.recognize \
+    launch --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x") -m toolkit.bin.recognize \
       --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
       --test_data "$data/$x/data.list" --result_dir "$dir/$x" --modes $decode_modes \
       --beam_size "$beam_size" --batch_size "$decode_batch_size" --num_threads "$decode_threads"

@@ -3,7 +3,8 @@ import os
 import pytest
 import torch
 
-from toolkit.utils.checkpoint import finite_cv_loss, list_checkpoints, load_checkpoint, load_info, save_checkpoint
+from toolkit.utils.checkpoint import (finite_cv_loss, list_checkpoints, load_checkpoint, load_info, newest_checkpoint,
+                                      save_checkpoint)
 
 
 def test_save_then_load_round_trip(tmp_path):
@@ -68,3 +69,38 @@ def test_only_a_finite_cv_loss_ranks():
     for bad in (float("nan"), float("inf"), float("-inf"), None, "nan", True):
         assert finite_cv_loss({"cv_loss": bad}) is None
     assert finite_cv_loss({}) is None
+
+
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_checkpoint_files_honour_the_umask(tmp_path, umask, expected):
+    # A shared model dir: a teammate or a service must read checkpoints as they read the dir's other files.
+    old = os.umask(umask)
+    try:
+        save_checkpoint(str(tmp_path / "epoch_0.pt"), {"model": {"w": torch.ones(2)}}, {"epoch": 0})
+        with open(tmp_path / "plain.txt", "w") as f:
+            f.write("x")
+    finally:
+        os.umask(old)
+    for name in ("epoch_0.pt", "epoch_0.yaml", "plain.txt"):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == expected, name
+    assert sorted(os.listdir(tmp_path)) == ["epoch_0.pt", "epoch_0.yaml", "plain.txt"]  # no temporary file left
+
+
+def test_the_newest_checkpoint_is_the_furthest_committed_step(tmp_path):
+    def save(tag, step):
+        save_checkpoint(str(tmp_path / f"{tag}.pt"), {"model": {}}, {"step": step, "tag": tag})
+
+    assert newest_checkpoint(str(tmp_path)) is None
+    save("init", 0)
+    assert newest_checkpoint(str(tmp_path)) is None  # nothing trained yet: a restart starts over
+    save("epoch_0", 5)
+    save("step_4", 4)
+    assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "epoch_0.pt")
+    save("step_8", 8)
+    save("epoch_1", 10)
+    save("step_10", 10)  # the epoch's last step: the epoch checkpoint also holds its cross-validation
+    assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "epoch_1.pt")
+    save("step_12", 12)
+    (tmp_path / "step_12.yaml").unlink()  # uncommitted: a save the crash interrupted
+    save("epoch_9", 9)  # ordered by the steps trained, not by the number in the name
+    assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "epoch_1.pt")

@@ -1,0 +1,160 @@
+"""The recipe on several machines and under a fault, through ``run.sh`` as users run it (stage 4, tiny_fsdd, the tiny
+conformer): two "nodes" on loopback for both engines, a node that never arrives, and a rank killed with SIGKILL in the
+middle of an epoch under ``--max_restarts``, whose job must end bit-identical to one that was never interrupted."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections import Counter
+
+import pytest
+import yaml
+
+from toolkit.utils.checkpoint import load_checkpoint
+
+from ..distributed.recipe_data import assert_bit_identical
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN_SH = os.path.join(REPO, "run.sh")
+LAUNCH = os.path.join(REPO, "tools", "launch_nodes.sh")
+TIMEOUT_S = 900  # one job: well under a minute on 2 idle cores; a hang still fails here
+DEEPSPEED = ("--train_engine", "deepspeed", "--deepspeed_config", "conf/ds_stage2.json")
+# batch 8: 5 optimizer steps per epoch and rank; step_4 is the epoch's 4th batch
+RESTART_OVERRIDES = "dataset_conf.batch_conf.batch_size 8;train_conf.max_epoch 2;train_conf.save_interval_steps 4"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Stages -1..3 of the recipe on tiny_fsdd (Kaldi dirs, CMVN, char dictionary, data.list)."""
+    root = tmp_path_factory.mktemp("recipe")
+    proc = subprocess.run(["bash", RUN_SH, "--stage", "-1", "--stop_stage", "3", "--corpora", "tiny_fsdd",
+                           "--data", str(root / "data"), "--dir", str(root / "unused")],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "data"
+
+
+def stage4(data, exp, *options, env=None) -> subprocess.Popen:
+    """``run.sh --stage 4 --stop_stage 4`` in its own session (so that a timeout kills torchrun's workers too)."""
+    cmd = ["bash", RUN_SH, "--stage", "4", "--stop_stage", "4", "--train_config", "conf/train_tiny.yaml",
+           "--data", str(data), "--dir", str(exp), "--tensorboard_dir", str(exp / "tb"), *options]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def finish(procs) -> tuple[list[int], list[str]]:
+    try:
+        outs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return [proc.returncode for proc in procs], outs
+
+
+@pytest.mark.parametrize("engine", [(), DEEPSPEED], ids=["torch_ddp", "deepspeed_zero2"])
+def test_two_nodes_on_loopback_train_and_write_each_checkpoint_once(data, tmp_path, engine):
+    # Started as on two machines: tools/launch_nodes.sh with a stand-in ssh that runs the command here.
+    fake_ssh, hostfile = tmp_path / "ssh", tmp_path / "hosts"
+    fake_ssh.write_text('#!/usr/bin/env bash\nexec bash -c "$2"\n')
+    fake_ssh.chmod(0o755)
+    hostfile.write_text("node-a\nnode-b\n")
+    exp = tmp_path / "exp"  # one model dir, as on a shared disk
+    command = " ".join(["bash", RUN_SH, "--stage 4 --stop_stage 4 --train_config conf/train_tiny.yaml",
+                        "--data", str(data), "--dir", str(exp), "--tensorboard_dir", str(exp / "tb"),
+                        "--num_nodes $NUM_NODES --HOST_NODE_ADDR $HOST_NODE_ADDR --nproc_per_node 1",
+                        "--overrides 'train_conf.max_epoch 1'", *engine])
+    proc = subprocess.Popen([LAUNCH, "--hostfile", str(hostfile), "--ssh", str(fake_ssh),
+                             "--host_node_addr", f"127.0.0.1:{free_port()}", "--", command],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    codes, logs = finish([proc])
+    text = logs[0]
+    assert codes == [0], text[-4000:]
+    assert "[node-a] " in text and "[node-b] " in text  # each host's output, named
+    assert "rank 0/2 (local 0/1)" in text and "rank 1/2 (local 0/1)" in text  # two nodes, one process each
+    writes = re.findall(r"checkpoint: rank (\d+) wrote (\S+)", text)
+    assert Counter(os.path.basename(path) for _, path in writes) == Counter(["init.pt", "epoch_0.pt"])
+    assert {rank for rank, _ in writes} == {"0"}
+    assert yaml.safe_load(open(exp / "epoch_0.yaml"))["epoch"] == 0
+
+
+def test_a_node_that_never_arrives_ends_the_job_with_one_line(data, tmp_path):
+    started = time.monotonic()
+    codes, logs = finish([stage4(data, tmp_path / "exp", "--num_nodes", "2", "--nproc_per_node", "1",
+                                 "--HOST_NODE_ADDR", f"127.0.0.1:{free_port()}", "--rdzv_timeout_s", "5")])
+    assert codes[0] != 0
+    assert "not all 2 nodes joined the rendezvous at 127.0.0.1:" in logs[0]
+    assert "within --rdzv_timeout_s 5" in logs[0]
+    assert time.monotonic() - started < 120
+
+
+def _pid_of_rank(run_id: str, local_rank: int) -> int | None:
+    """The training worker of this test's job with ``local_rank``, found by the environment torchrun gave it."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if f"TOOLKIT_TEST_RUN={run_id}".encode() in env and f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def _kill_rank_1_after(exp, tag: str, run_id: str, proc: subprocess.Popen) -> None:
+    """SIGKILL local rank 1 as soon as checkpoint ``tag`` is committed (its .yaml exists)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (exp / f"{tag}.yaml").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the job ended before the checkpoint"
+        time.sleep(0.01)
+    pid = _pid_of_rank(run_id, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("engine", [(), DEEPSPEED], ids=["torch_ddp", "deepspeed_zero2"])
+def test_a_killed_rank_restarts_and_the_job_ends_bit_identical(data, tmp_path, engine):
+    options = ("--max_restarts", "1", "--overrides", RESTART_OVERRIDES, *engine)
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    started = time.monotonic()
+    codes, logs = finish([stage4(data, full, *options)])
+    full_s = time.monotonic() - started
+    assert codes == [0], logs[0][-4000:]
+    run_id = uuid.uuid4().hex
+    proc = stage4(data, killed, *options, env={"TOOLKIT_TEST_RUN": run_id})
+    started = time.monotonic()
+    _kill_rank_1_after(killed, "step_4", run_id, proc)
+    codes, logs = finish([proc])
+    log = logs[0]
+    assert codes == [0], log[-4000:]
+    killed_s = time.monotonic() - started
+    print(f"uninterrupted {full_s:.1f} s; killed at step_4 and restarted {killed_s:.1f} s: the restart cost "
+          f"{killed_s - full_s:.1f} s")
+    # resumed mid-epoch: epoch 0 after 4 of its 5 batches (or, had the kill come later, still before epoch_0)
+    assert re.search(r"resumed from \S+/step_4\.pt: epoch 0 after 4 of its batches, step 4", log), log[-4000:]
+    for tag in ("epoch_0", "epoch_1"):
+        assert yaml.safe_load(open(full / f"{tag}.yaml")) == yaml.safe_load(open(killed / f"{tag}.yaml"))
+        assert_bit_identical(load_checkpoint(str(full / f"{tag}.pt")), load_checkpoint(str(killed / f"{tag}.pt")),
+                             tag)
+
+
+def test_a_job_that_keeps_failing_stops_after_max_restarts(data, tmp_path):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "step_4.pt").write_bytes(b"not a checkpoint")  # committed but unreadable: every attempt fails on it
+    (exp / "step_4.yaml").write_text("step: 4\n")
+    codes, logs = finish([stage4(data, exp, "--max_restarts", "2", "--overrides", RESTART_OVERRIDES)])
+    assert codes[0] != 0
+    assert logs[0].count("rank 0/2 (local 0/2)") == 3  # the first attempt and 2 restarts, then it gives up
+    assert "step_4.pt" in logs[0]

@@ -1,0 +1,56 @@
+"""tools/launch_nodes.sh with a stand-in ssh that runs each host's command on this machine."""
+
+import os
+import subprocess
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAUNCH = os.path.join(REPO, "tools", "launch_nodes.sh")
+
+
+def launch(tmp_path, command, *options, env=None):
+    fake_ssh, hostfile = tmp_path / "ssh", tmp_path / "hosts"
+    fake_ssh.write_text('#!/usr/bin/env bash\necho "$1" >> "$(dirname "$0")/contacted"\nexec bash -c "$2"\n')
+    fake_ssh.chmod(0o755)
+    hostfile.write_text("node-a   # node 0\n\n# a comment line\nnode-b\n")
+    return subprocess.run([LAUNCH, "--hostfile", str(hostfile), "--ssh", str(fake_ssh), *options, "--", command],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, **(env or {})})
+
+
+def test_every_host_runs_the_command_with_the_rendezvous_settings_and_named_output(tmp_path):
+    proc = launch(tmp_path, 'echo "rank $NODE_RANK of $NUM_NODES at $HOST_NODE_ADDR in $PWD gloo=$GLOO_SOCKET_IFNAME"',
+                  "--port", "29555", env={"GLOO_SOCKET_IFNAME": "lo"})
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.splitlines())
+    assert lines == [f"[node-a] rank 0 of 2 at node-a:29555 in {tmp_path} gloo=lo",
+                     f"[node-b] rank 1 of 2 at node-a:29555 in {tmp_path} gloo=lo"]
+    assert sorted((tmp_path / "contacted").read_text().split()) == ["node-a", "node-b"]
+
+
+def test_dry_run_prints_one_ssh_line_per_host_and_runs_nothing(tmp_path):
+    proc = launch(tmp_path, "touch ran", "--dry_run", "true", "--host_node_addr", "10.0.0.1:29400")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and " node-a " in lines[0] and " node-b " in lines[1]
+    assert all("HOST_NODE_ADDR=10.0.0.1:29400" in line and "touch\\ ran" in line for line in lines)
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "contacted").exists()
+
+
+def test_a_failing_host_stops_the_others_with_its_status(tmp_path):
+    started = time.monotonic()
+    proc = launch(tmp_path, 'if [ "$NODE_RANK" = 1 ]; then exit 3; fi; sleep 30; touch survived')
+    assert proc.returncode == 3
+    assert "node-b exited with status 3; stopping the other hosts" in proc.stderr
+    assert time.monotonic() - started < 20
+    time.sleep(0.5)
+    assert not (tmp_path / "survived").exists()
+
+
+def test_bad_invocations_are_one_line_errors(tmp_path):
+    (tmp_path / "empty").write_text("# nobody\n")
+    for args, message in [([], "--hostfile is required"),
+                          (["--hostfile", str(tmp_path / "nope")], "no such file"),
+                          (["--hostfile", str(tmp_path / "empty"), "--", "true"], "lists no host"),
+                          (["--hostfile", str(tmp_path / "empty")], "no command given")]:
+        proc = subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 1 and message in proc.stderr, (args, proc.stderr)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Start one command on every host of a hostfile over ssh (torchrun must run on every node), with the same
+# rendezvous settings, each host's output streamed with its name in front; when one host's command fails, the
+# others are stopped and the launcher exits with that host's status.
+#
+#   tools/launch_nodes.sh --hostfile hosts -- \
+#     'bash run.sh --stage 4 --stop_stage 4 --num_nodes $NUM_NODES --HOST_NODE_ADDR $HOST_NODE_ADDR'
+#   tools/launch_nodes.sh --hostfile hosts --dry_run true -- 'bash run.sh ...'   # print the ssh lines only
+#
+# hostfile: one host per line (as ssh knows it); blank lines and '#' comments are ignored; the first host is node 0
+# and holds the rendezvous. Quote the command, so that $NUM_NODES, $NODE_RANK and $HOST_NODE_ADDR are expanded on
+# each host, where the launcher sets them. On each host the command runs in this directory (the same path on every
+# host: a shared disk, or the same checkout) with this PATH (so the same venv), OMP_NUM_THREADS, and every NCCL_*,
+# GLOO_*, TP_* and TORCH_* variable set here (network interface choices such as GLOO_SOCKET_IFNAME); see README,
+# "Training on several machines".
+set -euo pipefail
+
+hostfile=
+port=29400                      # rendezvous port on the first host
+host_node_addr=                 # default: <first host>:<port>; set it when the hosts reach node 0 by another name
+ssh="ssh -tt -o BatchMode=yes"  # -tt: closing the connection hangs up the remote command too
+dry_run=false
+
+. "$(dirname "${BASH_SOURCE[0]}")/parse_options.sh"
+
+die() { echo "$0: $*" >&2; exit 1; }
+[ -n "$hostfile" ] || die "--hostfile is required"
+[ -f "$hostfile" ] || die "--hostfile $hostfile: no such file"
+[ $# -gt 0 ] || die "no command given (after --)"
+mapfile -t hosts < <(sed -e 's/#.*//' -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' "$hostfile" | grep -v '^$' || true)
+[ "${#hosts[@]}" -gt 0 ] || die "--hostfile $hostfile lists no host"
+[ -n "$host_node_addr" ] || host_node_addr="${hosts[0]}:$port"
+
+exports=("cd $(printf %q "$PWD")")
+for name in PATH VIRTUAL_ENV OMP_NUM_THREADS $(compgen -e | grep -E '^(NCCL_|GLOO_|TP_|TORCH_)' || true); do
+  [ -n "${!name+set}" ] && exports+=("export $name=$(printf %q "${!name}")")
+done
+exports+=("export NUM_NODES=${#hosts[@]} HOST_NODE_ADDR=$(printf %q "$host_node_addr")")
+
+declare -A host_of=()
+for rank in "${!hosts[@]}"; do
+  host=${hosts[$rank]}
+  remote="$(IFS=';'; echo "${exports[*]}"); export NODE_RANK=$rank; $*"
+  if [ "$dry_run" = true ]; then
+    echo "$ssh $(printf %q "$host") $(printf %q "$remote")"
+    continue
+  fi
+  # Its own process group per host, so that stopping a host stops its ssh and the prefixing together.
+  setsid bash -c '$0 "$1" "$2" < /dev/null 2>&1 | sed -u "s/^/[$1] /"; exit "${PIPESTATUS[0]}"' \
+    "$ssh" "$host" "$remote" &
+  host_of[$!]=$host
+done
+[ "$dry_run" = true ] && exit 0
+
+stop_all() { for pid in "${!host_of[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done; }
+trap 'stop_all; exit 130' INT TERM
+while [ "${#host_of[@]}" -gt 0 ]; do
+  status=0
+  wait -n -p finished "${!host_of[@]}" || status=$?
+  host=${host_of[$finished]}
+  unset "host_of[$finished]"
+  if [ "$status" -ne 0 ]; then
+    echo "$0: $host exited with status $status; stopping the other hosts" >&2
+    stop_all
+    wait || true
+    exit "$status"
+  fi
+done
