@@ -291,7 +291,7 @@ def read_shard_transcripts(path: str) -> List[Tuple[str, str]]:
                     except UnicodeDecodeError:
                         continue
     except (tarfile.TarError, OSError, EOFError):
-        pass
+        pass  # NOTE: the members before the damage stand; the damage is reported when the shard is decoded
     return pairs
 
 
