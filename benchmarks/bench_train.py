@@ -189,7 +189,7 @@ class _Probe:
 
     def _pre_forward(self, module, inputs) -> None:
         self.last_inputs = inputs
-        self.clock.add_batch(int(inputs[1].sum()), int(inputs[1].numel()))
+        self.clock.add_batch(int(inputs[1].sum()), inputs[0].size(0) * inputs[0].size(1), int(inputs[1].numel()))
         self._forward_start = self.clock.now()
 
     def _post_forward(self, module, inputs, output) -> None:
@@ -295,8 +295,10 @@ def print_table(results: dict, print_steps: bool = False) -> None:
                             ("FLOPs per frame (fwd+bwd)", "flops_per_frame", "{:.3g}"),
                             ("achieved GFLOP/s", "achieved_gflops", "{:.1f}"),
                             ("matmul GFLOP/s (all ranks)", "matmul_gflops", "{:.1f}"),
+                            ("padding share of computed frames", "padding_fraction", "{:.1%}"),
                             ("fraction of matmul ceiling", "ceiling_fraction", "{:.1%}"),
-                            ("  same, fwd+bwd time only", "compute_ceiling_fraction", "{:.1%}")]:
+                            ("  real frames only", "useful_ceiling_fraction", "{:.1%}"),
+                            ("  fwd+bwd time only", "compute_ceiling_fraction", "{:.1%}")]:
         print(f"{label:34s}" + "".join(f"{fmt.format(r[key]):>20s}" for r in runs))
     for r, name in zip(runs, names):
         steps = r["ranks"][0]["steps"]
@@ -312,7 +314,8 @@ def _step_line(step: dict) -> str:
     from toolkit.utils.perf import PARTS
 
     parts = " ".join(f"{p} {step[p]:.2f}" for p in (*PARTS, "other", "gc") if step[p] >= 0.005)
-    return f"{step['wall']:.2f} s, {step['frames']} frames: {parts}"
+    return (f"{step['wall']:.2f} s, {step['frames']} frames ({step['padded_frames']} padded), "
+            f"{step['page_faults']} page faults: {parts}")
 
 
 def main() -> None:

@@ -8,9 +8,10 @@ library and torch are imported here.
 A step record (one dict per optimizer step and rank) holds seconds per part (:data:`PARTS`), ``wall`` (seconds from
 the end of the previous optimizer step to the end of this one; the first step counts from the start of the epoch),
 ``other`` (``wall`` minus the parts), ``frames`` (input fbank frames, 10 ms each, summed over the step's
-utterances, padding excluded), ``utts``, and informational extras that overlap the parts (``allreduce_busy``:
-summed duration of the gradient all-reduces, which run beside the backward pass; ``gc``: Python's garbage
-collector).
+utterances, padding excluded), ``padded_frames`` (batch size x longest utterance: what the model computes on),
+``utts``, ``page_faults`` (minor page faults of the process during the step: memory touched for the first time),
+and informational extras that overlap the parts (``allreduce_busy``: summed duration of the gradient all-reduces,
+which run beside the backward pass; ``gc``: Python's garbage collector).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class StepClock:
         self.sync = sync
         self.steps: list[dict] = []
         self._parts: Counter = Counter()
-        self._frames = 0
-        self._utts = 0
+        self._frames = self._padded = self._utts = 0
+        self._faults = _minor_faults()
         self._last_end = self.now()
         self._gc_start: Optional[float] = None
 
@@ -55,6 +56,7 @@ class StepClock:
     def restart(self) -> None:
         """The current step starts now (call at the start of the epoch)."""
         self._last_end = self.now()
+        self._faults = _minor_faults()
 
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
@@ -67,19 +69,23 @@ class StepClock:
     def add(self, name: str, seconds: float) -> None:
         self._parts[name] += seconds
 
-    def add_batch(self, frames: int, utts: int) -> None:
+    def add_batch(self, frames: int, padded_frames: int, utts: int) -> None:
         self._frames += frames
+        self._padded += padded_frames
         self._utts += utts
 
     def end_step(self) -> dict:
         """Close the current step; returns its record (also appended to :attr:`steps`)."""
         end = self.now()
+        faults = _minor_faults()
         wall = end - self._last_end
         record = {"wall": wall, **{p: self._parts[p] for p in PARTS}, **{e: self._parts[e] for e in EXTRAS},
-                  "frames": self._frames, "utts": self._utts}
+                  "frames": self._frames, "padded_frames": self._padded, "utts": self._utts,
+                  "page_faults": faults - self._faults}
         record["other"] = wall - sum(record[p] for p in PARTS)
         self.steps.append(record)
-        self._parts, self._frames, self._utts, self._last_end = Counter(), 0, 0, end
+        self._parts, self._frames, self._padded, self._utts = Counter(), 0, 0, 0
+        self._last_end, self._faults = end, faults
         return record
 
     @contextlib.contextmanager
@@ -156,6 +162,10 @@ class AllReduceTimer:
         return timed_backward
 
 
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def summarize_steps(rank_steps: list[list[dict]], frame_shift_s: float, warmup: int) -> dict:
     """Throughput and the mean step split of one run.
 
@@ -167,7 +177,8 @@ def summarize_steps(rank_steps: list[list[dict]], frame_shift_s: float, warmup: 
     Returns:
         ``steps``, ``steady_steps``; ``frames_per_s`` and ``audio_s_per_s`` (all ranks' frames over the slowest
         rank's wall time of the steady steps) and the same over the whole epoch (``epoch_*``, first step included);
-        ``step_s_median``; ``frames_per_step`` (one rank's mean); ``split_s``: mean seconds per steady step of
+        ``step_s_median``; ``frames_per_step`` (one rank's mean); ``padding_fraction`` (of the padded frames the
+        model computed on, the share that is padding); ``split_s``: mean seconds per steady step of
         each part, ``other`` and the extras, averaged over ranks; ``first_step_s`` (rank mean).
 
     Raises:
@@ -189,6 +200,8 @@ def summarize_steps(rank_steps: list[list[dict]], frame_shift_s: float, warmup: 
             "epoch_frames_per_s": epoch_frames_per_s, "epoch_audio_s_per_s": epoch_frames_per_s * frame_shift_s,
             "step_s_median": statistics.median(s["wall"] for steps in steady for s in steps),
             "frames_per_step": statistics.fmean(s["frames"] for steps in steady for s in steps),
+            "padding_fraction": 1 - sum(s["frames"] for steps in steady for s in steps) / sum(
+                s["padded_frames"] for steps in steady for s in steps),
             "first_step_s": statistics.fmean(steps[0]["wall"] for steps in rank_steps), "split_s": split}
 
 
@@ -284,14 +297,19 @@ def finish_rank(clock: StepClock, model: torch.nn.Module, last_inputs: tuple, la
 
 def summarize_run(ranks: list[dict], frame_shift_s: float, warmup: int) -> dict:
     """The figures of one run from its ranks' :func:`finish_rank` records: :func:`summarize_steps` plus memory,
-    launch time, and the FLOPs per input frame against the summed matmul rate of the ranks (``ceiling_fraction``:
-    the achieved rate over the whole step; ``compute_ceiling_fraction``: over forward+backward time only, the
-    model's own efficiency)."""
+    launch time, and the counted FLOPs against the summed matmul rate of the ranks: ``ceiling_fraction``, the rate
+    achieved on padded frames over whole steps; ``useful_ceiling_fraction``, the same for the real frames only;
+    ``compute_ceiling_fraction``, padded frames over forward+backward time only (the model code's own
+    efficiency)."""
     summary = summarize_steps([r["steps"] for r in ranks], frame_shift_s, warmup)
     flops = ranks[0]["flops"]
     per_frame = flops["total"] / flops["batch_frames"]
+    # NOTE: the hardware computes on padded frames too: the rate it achieves is FLOPs per padded frame (of the
+    # counted batch; attention's T^2 terms make this an approximation for other lengths) x padded frames/s.
+    per_padded_frame = flops["total"] / flops["batch_padded_frames"]
+    padded_fraction = 1 - summary["padding_fraction"]
     ceiling = sum(r["matmul_gflops"]["best"] for r in ranks)
-    achieved = per_frame * summary["frames_per_s"] / 1e9
+    achieved = per_padded_frame * summary["frames_per_s"] / padded_fraction / 1e9
     compute_s = summary["split_s"]["forward"] + summary["split_s"]["backward"]
     summary.update({
         "nproc": len(ranks), "threads_per_rank": ranks[0]["threads"], "params": ranks[0]["params"],
@@ -300,10 +318,12 @@ def summarize_run(ranks: list[dict], frame_shift_s: float, warmup: int) -> dict:
         "peak_gpu_mib": [r.get("peak_gpu_mib") for r in ranks],
         "launch_to_first_step_s": max(r["launch_to_first_step_s"] for r in ranks),
         "launch_to_train_s": max(r["launch_to_train_s"] for r in ranks),
-        "flops_per_frame": per_frame, "flops_by_module": flops["by_module"],
-        "padding_fraction": 1 - flops["batch_frames"] / flops["batch_padded_frames"],
+        "flops_per_frame": per_frame, "flops_per_padded_frame": per_padded_frame,
+        "flops_by_module": flops["by_module"],
         "matmul_gflops_per_rank": [r["matmul_gflops"] for r in ranks], "matmul_gflops": ceiling,
         "achieved_gflops": achieved, "ceiling_fraction": achieved / ceiling,
-        "compute_ceiling_fraction": per_frame * summary["frames_per_step"] / compute_s / 1e9 / (ceiling / len(ranks)),
+        "useful_ceiling_fraction": achieved * padded_fraction / ceiling,
+        "compute_ceiling_fraction": per_padded_frame * summary["frames_per_step"] / padded_fraction / compute_s / 1e9
+        / (ceiling / len(ranks)),
         "ranks": ranks})
     return summary

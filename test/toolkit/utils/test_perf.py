@@ -8,7 +8,7 @@ from toolkit.utils.perf import PARTS, StepClock, count_train_flops, summarize_st
 
 def _step(wall, frames, **parts):
     record = {p: parts.get(p, 0.0) for p in PARTS}
-    record.update(allreduce_busy=0.0, gc=0.0, wall=wall, frames=frames, utts=1)
+    record.update(allreduce_busy=0.0, gc=0.0, wall=wall, frames=frames, padded_frames=2 * frames, utts=1)
     record["other"] = wall - sum(record[p] for p in PARTS)
     return record
 
@@ -19,9 +19,9 @@ def test_the_parts_and_other_add_up_to_the_wall_time():
     with clock.part("forward"):
         sum(range(10000))
     clock.add("data", 0.0)
-    clock.add_batch(frames=120, utts=2)
+    clock.add_batch(frames=120, padded_frames=150, utts=2)
     record = clock.end_step()
-    assert record["frames"] == 120 and record["utts"] == 2 and record["forward"] > 0
+    assert (record["frames"], record["padded_frames"], record["utts"]) == (120, 150, 2) and record["forward"] > 0
     assert sum(record[p] for p in PARTS) + record["other"] == pytest.approx(record["wall"], abs=1e-12)
     assert clock.end_step()["frames"] == 0  # the next step starts empty
 
@@ -35,6 +35,7 @@ def test_summary_counts_all_ranks_frames_over_the_slowest_ranks_time():
     assert summary["epoch_frames_per_s"] == pytest.approx(1300 / 8.0)
     assert summary["split_s"]["forward"] == pytest.approx(0.45)
     assert summary["frames_per_step"] == pytest.approx(275)
+    assert summary["padding_fraction"] == pytest.approx(0.5)
     with pytest.raises(ValueError):
         summarize_steps([rank0], 0.01, warmup=3)
 
