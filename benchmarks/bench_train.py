@@ -73,6 +73,12 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prepare_only", action="store_true", help="write the data files into --work_dir, exit")
     parser.add_argument("--timeout_s", type=float, default=1800.0, help="per training run")
     parser.add_argument("--print_steps", action="store_true", help="also print every step of rank 0")
+    parser.add_argument("--profile_steps", type=int, nargs="*", default=[],
+                        help="run torch.profiler over these steps (1-based, forward to optimizer step) and write "
+                             "each rank's operator table to <run dir>/probe.rank<R>.step<N>.txt")
+    parser.add_argument("--flush_denormal", action="store_true",
+                        help="torch.set_flush_denormal(True) in the trainer (an experiment: subnormal floats are "
+                             "slow on x86 CPUs)")
     return parser.parse_args(argv)
 
 
@@ -141,12 +147,14 @@ def prepare_data(args: argparse.Namespace, work_dir: str) -> dict:
 class _Probe:
     """Attaches a clock to one executor's engine, join, logging and model (see the module docstring, step 3)."""
 
-    def __init__(self, executor, clock):
+    def __init__(self, executor, clock, profile_steps: tuple = (), profile_path: str = ""):
         from torch.nn.parallel import DistributedDataParallel
 
         from toolkit.utils.perf import AllReduceTimer
 
         self.clock = clock
+        self.profile_steps, self.profile_path = set(profile_steps), profile_path
+        self._profiler = None
         self.last_inputs: tuple = ()
         self._forward_start = 0.0
         self._patched = []
@@ -164,6 +172,7 @@ class _Probe:
             with clock.part("optimizer"):
                 grad_norm = step()
             clock.end_step()
+            self._stop_profiler()
             return grad_norm
 
         self._patch(engine, "step", timed_step)
@@ -187,7 +196,19 @@ class _Probe:
                 return fn(*args, **kwargs)
         return timed
 
+    def _stop_profiler(self) -> None:
+        if self._profiler is not None:
+            self._profiler.stop()
+            with open(f"{self.profile_path}.step{len(self.clock.steps)}.txt", "w", encoding="utf-8") as f:
+                f.write(self._profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+            self._profiler = None
+
     def _pre_forward(self, module, inputs) -> None:
+        if len(self.clock.steps) + 1 in self.profile_steps and self._profiler is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._profiler.start()
         self.last_inputs = inputs
         self.clock.add_batch(int(inputs[1].sum()), inputs[0].size(0) * inputs[0].size(1), int(inputs[1].numel()))
         self._forward_start = self.clock.now()
@@ -208,14 +229,18 @@ def run_worker(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--probe_json", required=True)
     parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--profile_steps", type=int, nargs="*", default=[])
+    parser.add_argument("--flush_denormal", action="store_true")
     opts = parser.parse_args(argv[:split])
+    if opts.flush_denormal:
+        torch.set_flush_denormal(True)
     launch_time = float(os.environ["BENCH_LAUNCH_TIME"])
 
     class TimedExecutor(train.Executor):
         def train(self, dataloader, train_set=None):
             device = self.engine.ctx.device
             clock = StepClock(torch.cuda.synchronize if device.type == "cuda" else None)
-            probe = _Probe(self, clock)
+            probe = _Probe(self, clock, opts.profile_steps, f"{opts.probe_json}.rank{self.engine.ctx.rank}")
             train_start = time.time()
             clock.restart()
             try:
@@ -251,8 +276,9 @@ def run_training(args: argparse.Namespace, data: dict, nproc: int, run_dir: str)
     for override in overrides:
         train_args += ["--override_config", override]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           os.path.abspath(__file__), WORKER_FLAG, "--probe_json", probe_json, "--steps", str(args.steps), "--",
-           *train_args]
+           os.path.abspath(__file__), WORKER_FLAG, "--probe_json", probe_json, "--steps", str(args.steps),
+           "--profile_steps", *map(str, args.profile_steps), *(["--flush_denormal"] if args.flush_denormal else []),
+           "--", *train_args]
     log_path = os.path.join(run_dir, "train.log")
     env = {**os.environ, "BENCH_LAUNCH_TIME": repr(time.time())}
     with open(log_path, "w", encoding="utf-8") as log:
