@@ -1,0 +1,56 @@
+"""toolkit.utils.perf: the step clock's split adds up, the run summary's arithmetic, counted FLOPs."""
+
+import pytest
+import torch
+
+from toolkit.utils.perf import PARTS, StepClock, count_train_flops, summarize_steps
+
+
+def _step(wall, frames, **parts):
+    record = {p: parts.get(p, 0.0) for p in PARTS}
+    record.update(allreduce_busy=0.0, gc=0.0, wall=wall, frames=frames, padded_frames=2 * frames, utts=1)
+    record["other"] = wall - sum(record[p] for p in PARTS)
+    return record
+
+
+def test_the_parts_and_other_add_up_to_the_wall_time():
+    clock = StepClock()
+    clock.restart()
+    with clock.part("forward"):
+        sum(range(10000))
+    clock.add("data", 0.0)
+    clock.add_batch(frames=120, padded_frames=150, utts=2)
+    record = clock.end_step()
+    assert (record["frames"], record["padded_frames"], record["utts"]) == (120, 150, 2) and record["forward"] > 0
+    assert sum(record[p] for p in PARTS) + record["other"] == pytest.approx(record["wall"], abs=1e-12)
+    assert clock.end_step()["frames"] == 0  # the next step starts empty
+
+
+def test_summary_counts_all_ranks_frames_over_the_slowest_ranks_time():
+    rank0 = [_step(5.0, 100), _step(1.0, 300, forward=0.4), _step(2.0, 500, forward=0.6)]
+    rank1 = [_step(5.0, 100), _step(1.5, 200, forward=0.5), _step(1.0, 100, forward=0.3)]
+    summary = summarize_steps([rank0, rank1], 0.01, warmup=1)
+    assert summary["frames_per_s"] == pytest.approx((300 + 500 + 200 + 100) / 3.0)
+    assert summary["audio_s_per_s"] == pytest.approx(11.0 / 3.0)
+    assert summary["epoch_frames_per_s"] == pytest.approx(1300 / 8.0)
+    assert summary["split_s"]["forward"] == pytest.approx(0.45)
+    assert summary["frames_per_step"] == pytest.approx(275)
+    assert summary["padding_fraction"] == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        summarize_steps([rank0], 0.01, warmup=3)
+
+
+class _Affine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return {"loss": self.proj(x).sum()}
+
+
+def test_counted_flops_of_a_linear_layer():
+    # (3, 8) x (8, 4): 2*3*8*4 = 192 forward; backward: the input's gradient (the input needs one) and the weight's.
+    flops = count_train_flops(_Affine(), (torch.randn(3, 8, requires_grad=True),))
+    assert flops["total"] == 3 * 192
+    assert flops["by_module"] == {"proj": 3 * 192}
