@@ -32,8 +32,8 @@ setup(
     entry_points={
         "console_scripts": [
             "toolkit-train=toolkit.bin.train:cli",
-            "toolkit-recognize=toolkit.bin.recognize:main",
-            "toolkit-average-model=toolkit.bin.average_model:main",
+            "toolkit-recognize=toolkit.bin.recognize:cli",
+            "toolkit-average-model=toolkit.bin.average_model:cli",
         ]
     },
 )

@@ -9,8 +9,9 @@ scored as all deletions and reported; hypothesis keys absent from the reference 
 Output: ``N=.. C=.. S=.. D=.. I=..`` and ``WER xx.xx % [ S+D+I / N ]`` (CER with --cer); with --per_utt, one line
 ``key N C S D I`` per reference utterance.
 
-Exit status 1, with a one-line error naming the file: an unreadable file, a reference file with no utterance, or
-references that hold no word at all (N = 0: the error rate is undefined; the counts are still printed).
+Exit status 1, with a one-line error naming the file: an unreadable or non-UTF-8 file, a repeated key (file and
+line), a reference file with no utterance, a hypothesis file sharing no key with it, or references that hold no word
+at all (N = 0: the error rate is undefined; the counts are still printed).
 
 Usage (from the repository root, or the recipe directory after ``. ./path.sh``; needs the toolkit importable):
     python tools/compute_wer.py corpora/tiny_fsdd/data/test/text exp/tiny_fsdd/decode_test/text \
@@ -34,8 +35,13 @@ def main(argv=None) -> None:
         ref, hyp = read_table(args.ref), read_table(args.hyp)
     except OSError as e:
         sys.exit(f"compute_wer.py: cannot read {e.filename}: {e.strerror}")
+    except ValueError as e:
+        sys.exit(f"compute_wer.py: {e}")
     if not ref:
         sys.exit(f"compute_wer.py: the reference file {args.ref} holds no utterance; nothing to score")
+    if not ref.keys() & hyp.keys():
+        sys.exit(f"compute_wer.py: none of the {len(ref)} keys of {args.ref} is in {args.hyp} ({len(hyp)} keys): "
+                 "not hypotheses of this test set")
     unit = "char" if args.cer else "word"
     result = score(ref, hyp, unit)
     for keys, what in ((result.missing, "keys missing from hyp (scored as deletions)"),
@@ -44,9 +50,12 @@ def main(argv=None) -> None:
             more = f" ... and {len(keys) - 10} more" if len(keys) > 10 else ""
             print(f"{len(keys)} {what}: {' '.join(keys[:10])}{more}", file=sys.stderr)
     if args.per_utt:
-        with open(args.per_utt, "w", encoding="utf-8") as f:
-            for key, counts in result.per_utt.items():
-                f.write(f"{key} " + " ".join(map(str, counts.as_tuple())) + "\n")
+        try:
+            with open(args.per_utt, "w", encoding="utf-8") as f:
+                for key, counts in result.per_utt.items():
+                    f.write(f"{key} " + " ".join(map(str, counts.as_tuple())) + "\n")
+        except OSError as e:
+            sys.exit(f"compute_wer.py: cannot write --per_utt {e.filename}: {e.strerror}")
     sys.stdout.write(format_report(result.totals, unit))
     if result.totals.N == 0:
         sys.exit(f"compute_wer.py: the {len(ref)} references in {args.ref} hold no {unit}: the error rate is "

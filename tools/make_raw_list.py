@@ -22,7 +22,10 @@ def main() -> None:
     parser.add_argument("text")
     parser.add_argument("data_list", help="output file")
     args = parser.parse_args()
-    entries, unmatched = make_raw_list(args.wav_scp, args.text, args.wav_root)
+    try:
+        entries, unmatched = make_raw_list(args.wav_scp, args.text, args.wav_root)
+    except (OSError, ValueError) as e:  # a missing file, a repeated key, bytes that are not UTF-8: one line
+        sys.exit(f"make_raw_list.py: {e}")
     if unmatched:
         print(f"skipped {len(unmatched)} keys not in both {args.wav_scp} and {args.text}: {' '.join(unmatched)}",
               file=sys.stderr)

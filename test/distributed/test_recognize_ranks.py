@@ -8,13 +8,15 @@ emits <eos> (like this random one) depends on which utterances share a batch, wh
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from toolkit.dataset.shard import write_shard
 
-from .recognize_setup import (MODES, assert_same_decoding, compute_wer, fsdd_test_entries, read_outputs,
-                              run_recognize, write_list, write_model, write_text)
+from .recognize_setup import (ENV, MODES, REPO, TIMEOUT_S, assert_same_decoding, compute_wer, fsdd_test_entries,
+                              read_outputs, run_recognize, write_list, write_model, write_text)
 
 PADDED_WORKER = __file__.replace("test_recognize_ranks.py", "worker_recognize_padded.py")
 
@@ -126,3 +128,14 @@ def test_a_rank_whose_every_utterance_is_unreadable(model, thirteen, tmp_path):
         assert words["N"] == 6 and words["D"] >= 3  # the unreadable ones are deletions, not dropped
         wer_file = (tmp_path / "out" / mode / "wer").read_text()
         assert compute_wer(text, str(tmp_path / "out" / mode / "text")) == wer_file
+
+
+def test_a_list_of_which_nothing_decodes_is_an_error_not_a_table(model, thirteen, tmp_path):
+    _, _, text, _ = thirteen  # a Kaldi text file where the data.list belongs: every line is a bad line
+    config, checkpoint = model
+    proc = subprocess.run([sys.executable, "-m", "toolkit.bin.recognize", "--config", config, "--checkpoint",
+                           checkpoint, "--test_data", str(text), "--result_dir", str(tmp_path / "out"), "--modes",
+                           "ctc_greedy_search"], capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO)
+    assert proc.returncode == 2
+    assert f"--test_data {text}: not one utterance was decoded" in proc.stderr
+    assert not (tmp_path / "out" / "decode_summary.json").exists()

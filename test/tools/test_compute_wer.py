@@ -79,3 +79,21 @@ def test_references_without_words_print_counts_and_fail(tmp_path):
 def test_missing_file_is_named(tmp_path):
     run = compute_wer(tmp_path / "nope", tmp_path / "nope2")
     assert run.returncode == 1 and f"cannot read {tmp_path / 'nope'}" in run.stderr
+
+
+def test_files_that_would_score_wrongly_are_refused_naming_file_and_line(tmp_path):
+    ref, hyp = tmp_path / "ref", tmp_path / "hyp"
+    ref.write_text("u1 A B\nu2 C\nu1 D\n")  # a repeated key: which transcript would count?
+    hyp.write_text("u1 A B\nu2 C\n")
+    run = compute_wer(ref, hyp)
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.strip() == f"compute_wer.py: {ref}:3: key 'u1' repeats line 1"
+    ref.write_text("u1 A B\nu2 C\n")
+    hyp.write_bytes(b"u1 A B\nu2 \xff\xfe\n")
+    run = compute_wer(ref, hyp)
+    assert run.returncode == 1 and run.stderr.startswith(f"compute_wer.py: {hyp}:2: not UTF-8 text")
+    hyp.write_text("x1 A B\nx2 C\n")  # another test set's hypotheses: every reference would be a deletion
+    run = compute_wer(ref, hyp)
+    assert run.returncode == 1 and "none of the 2 keys of" in run.stderr and run.stdout == ""
+    run = compute_wer(ref, ref, "--per_utt", tmp_path / "no" / "dir")
+    assert run.returncode == 1 and "cannot write --per_utt" in run.stderr

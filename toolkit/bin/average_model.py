@@ -171,5 +171,10 @@ def main(argv=None) -> None:
     logger.info("wrote %s from %d checkpoints", args.dst_model, len(paths))
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``toolkit-average-model`` command: a config error is one log line and exit status 2."""
     exit_on_config_error(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -52,7 +52,7 @@ from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
-from toolkit.utils.config import exit_on_config_error
+from toolkit.utils.config import ConfigError, exit_on_config_error
 from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
 # NOTE: these skips lose utterances before their key is read, so they cannot be scored as deletions here.
 UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
@@ -204,6 +204,9 @@ def main(argv=None) -> None:
     wall_s = time.perf_counter() - start  # until the last rank finished
     # 5. gather once; de-duplicate by key; every rank scores its own utterances, counts summed across ranks
     job = gather_results(local)
+    if sum(job.decoded_per_rank) == 0:  # every rank knows it: the job is gathered on all
+        raise ConfigError(f"--test_data {args.test_data}: not one utterance was decoded (of {len(listed)} listed; "
+                          "the warnings above say why each was skipped); is it a data.list of this data_type?")
     scores = score_across_ranks(references, job.hyps, job.owner)
     audio_s = job.num_frames * dataset_conf.fbank_conf.frame_shift_s
     # 6. rank 0 writes the texts, the scores and the summary

@@ -54,11 +54,16 @@ cmvn_workers=2
 . tools/parse_options.sh
 
 die() { echo "$0: $*" >&2; exit 1; }
+[ $# -eq 0 ] || die "unexpected argument '$1': every option takes one value (quote a list: --corpora \"fsdd kathleen\")"
 [[ $stage =~ ^-?[0-9]+$ && $stop_stage =~ ^-?[0-9]+$ ]] || die "--stage and --stop_stage must be integers in -1..5"
 (( stage >= -1 && stop_stage <= 5 && stage <= stop_stage )) ||
   die "bad stage range $stage..$stop_stage: stages are -1..5 and --stage must not exceed --stop_stage"
 case $token_type in char|bpe) ;; *) die "--token_type must be char or bpe, got '$token_type'";; esac
 [[ $average_num =~ ^[0-9]+$ ]] || die "--average_num must be a non-negative integer, got '$average_num'"
+for opt in beam_size decode_batch_size num_utts_per_shard shard_workers cmvn_workers; do
+  [[ ${!opt} =~ ^[1-9][0-9]*$ ]] || die "--$opt must be a positive integer, got '${!opt}'"
+done
+[[ $decode_threads =~ ^[0-9]+$ ]] || die "--decode_threads must be a non-negative integer, got '$decode_threads'"
 # The decoding modes are checked now, by the model's own list, not after hours of training.
 python -c 'import sys; from toolkit.models.transformer.asr_model import DECODING_METHODS as known
 bad = [m for m in sys.argv[1:] if m not in known]
@@ -102,6 +107,19 @@ else
 fi
 IFS=';' read -ra extra <<< "$overrides"
 for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_config "$o"); done
+if (( stage <= 4 && stop_stage >= 5 && average_num > 0 )); then
+  # The config and overrides are read now (a typo is one line before any work), and the averaging is checked
+  # against the epochs this run will train, not after them.
+  override_values=()
+  for ((i = 1; i < ${#train_overrides[@]}; i += 2)); do override_values+=("${train_overrides[$i]}"); done
+  max_epoch=$(python -c 'import sys; from toolkit.config import read_config; from toolkit.utils.config import ConfigError
+try:
+    print(read_config(sys.argv[1], sys.argv[2:]).train_conf.max_epoch)
+except ConfigError as e:
+    sys.exit(f"--train_config/--overrides: {e}")' "$train_config" "${override_values[@]}") || exit 1
+  (( max_epoch >= average_num )) ||
+    die "--average_num $average_num needs at least $average_num epochs, but train_conf.max_epoch is $max_epoch (lower --average_num, or 0 for the last epoch)"
+fi
 
 if (( stage <= -1 && stop_stage >= -1 )); then
   echo "stage -1: corpora in $corpus_dir: $corpora"

@@ -1,0 +1,27 @@
+"""run.sh refuses what would otherwise surface only after training, or be ignored: one line, exit 1, before any
+stage runs (the corpus dir given does not exist, so a check that let the run through would fail differently)."""
+
+import os
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--corpora", "fsdd", "kathleen"], "unexpected argument 'kathleen': every option takes one value"),
+    (["--beam_size", "0"], "--beam_size must be a positive integer, got '0'"),
+    (["--decode_batch_size", "x"], "--decode_batch_size must be a positive integer, got 'x'"),
+    (["--decode_threads", "-1"], "--decode_threads must be a non-negative integer, got '-1'"),
+    (["--train_config", "conf/train_tiny.yaml", "--overrides", "train_conf.max_epoch 2"],
+     "--average_num 3 needs at least 3 epochs, but train_conf.max_epoch is 2"),
+    (["--overrides", "train_conf.max_epok 2"], "unknown key 'max_epok' at train_conf"),
+])
+def test_bad_options_stop_before_any_stage(tmp_path, options, message):
+    proc = subprocess.run(["bash", os.path.join(REPO, "run.sh"), "--corpus_dir", str(tmp_path / "nope"),
+                           "--data", str(tmp_path / "data"), "--dir", str(tmp_path / "exp"), *options],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert message in proc.stderr, proc.stderr
+    assert "stage -1" not in proc.stdout and not (tmp_path / "exp").exists()
