@@ -139,3 +139,16 @@ def test_a_list_of_which_nothing_decodes_is_an_error_not_a_table(model, thirteen
     assert proc.returncode == 2
     assert f"--test_data {text}: not one utterance was decoded" in proc.stderr
     assert not (tmp_path / "out" / "decode_summary.json").exists()
+
+
+@pytest.mark.parametrize("option", ["--checkpoint", "--test_data"])
+def test_a_missing_input_file_is_one_line(model, thirteen, tmp_path, option):
+    _, test_list, _, _ = thirteen
+    config, checkpoint = model
+    given = {"--checkpoint": checkpoint, "--test_data": str(test_list), option: str(tmp_path / "nope")}
+    proc = subprocess.run([sys.executable, "-m", "toolkit.bin.recognize", "--config", config, "--checkpoint",
+                           given["--checkpoint"], "--test_data", given["--test_data"], "--result_dir",
+                           str(tmp_path / "out"), "--modes", "ctc_greedy_search"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO)
+    assert proc.returncode == 2
+    assert f"{option} {tmp_path / 'nope'}: no such file" in proc.stderr and "Traceback" not in proc.stderr

@@ -183,6 +183,9 @@ def main(argv=None) -> None:
     # 2. config, tokenizer (it must fit the model); this rank's share of the test set; every rank reads the
     # references (key order)
     config = read_config(args.config, args.override_config)
+    for option, path in (("--checkpoint", args.checkpoint), ("--test_data", args.test_data)):
+        if not os.path.isfile(path):
+            raise ConfigError(f"{option} {path}: no such file")
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
     check_model_fits_table(tokenizer, config.output_dim, args.config)
     dataset_conf = test_dataset_conf(config.dataset_conf, args.batch_size)

@@ -85,6 +85,8 @@ def load_checkpoint(path: str) -> dict[str, Any]:
         FileNotFoundError: ``path`` or its committed ``.yaml`` is missing (an interrupted save).
     """
     yaml_path = re.sub(r"\.pt$", ".yaml", path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint")
     if not os.path.exists(yaml_path):
         raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
     state = torch.load(path, map_location="cpu", weights_only=False)
