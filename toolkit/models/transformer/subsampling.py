@@ -5,8 +5,89 @@ from torch import nn
 RECEPTIVE_FIELD = 7  # input frames behind one output frame of two 3x3 stride-2 convolutions
 
 
+class _Stride2Conv2d(torch.autograd.Function):
+    """``conv2d(x, weight, bias, stride=2)`` on channels-last tensors, whose weight gradient is one
+    matrix product per kernel tap: grad_w[:, :, i, j] = grad^T (O, N) @ x_tap(i, j) (N, C), N =
+    B * T' * D' output positions.
+
+    NOTE: the weight gradient of this layer is the largest single cost of a conformer training step
+    on CPU. oneDNN 3.12 (torch 2.13) computes it at under half of the matrix-multiply rate on
+    channels-last input, and on contiguous input it is the input gradient that is slow; the nine
+    matrix products, plus copying each tap's rows, take 0.55-0.65x its time (docs/benchmarks.md).
+    Forward and input gradient stay oneDNN's.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return nn.functional.conv2d(x, weight, bias, 2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous(memory_format=torch.channels_last)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.ops.aten.convolution_backward(
+                grad, x, weight, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1,
+                [True, False, False])[0]
+        _, out_channels, out_time, out_freq = grad.shape
+        rows = grad.permute(0, 2, 3, 1).reshape(-1, out_channels)  # (N, O), a view
+        frames = x.permute(0, 2, 3, 1)  # (B, T, D, C), contiguous in channels-last
+        grad_w = weight.new_empty(out_channels, 3, 3, weight.size(1))
+        for i in range(3):
+            for j in range(3):
+                tap = frames[:, i:i + 2 * out_time - 1:2, j:j + 2 * out_freq - 1:2]  # (B, T', D', C)
+                grad_w[:, i, j] = rows.t() @ tap.reshape(-1, tap.size(-1))
+        return grad_x, grad_w.permute(0, 3, 1, 2), grad.sum((0, 2, 3))
+
+
+class Conv2dReLU2(nn.Module):
+    """Two 3x3 stride-2 convolutions without padding, each followed by ReLU:
+    (B, T, D) -> (B, C, ((T - 1) // 2 - 1) // 2, ((D - 1) // 2 - 1) // 2), in channels-last memory.
+
+    The parameters are initialised as ``nn.Conv2d``'s and kept in its layout ((C_out, C_in, 3, 3),
+    contiguous), so DDP's buckets, DeepSpeed's flattening and checkpoints see ordinary tensors;
+    channels-last copies are made in the graph. The first convolution (one input channel) is a
+    product of 3x3 patches with the (C, 9) weight, whose output is channels-last as it is; the
+    second runs as oneDNN/cuDNN channels-last convolution, with the weight gradient of
+    :class:`_Stride2Conv2d` on CPU. ReLUs are in place: no convolution needs its output for the
+    backward pass, so the largest activation of the model, (B, C, T/2, D/2), is stored once.
+
+    Args:
+        channels: C.
+    """
+
+    def __init__(self, channels: int):
+        super().__init__()
+        conv1, conv2 = nn.Conv2d(1, channels, 3, 2), nn.Conv2d(channels, channels, 3, 2)
+        self.weight1, self.bias1 = conv1.weight, conv1.bias
+        self.weight2, self.bias2 = conv2.weight, conv2.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: float32 (B, T, D), T >= 7 -> float32 (B, C, T'', D'') channels-last (see the class)."""
+        patches = x.unfold(1, 3, 2).unfold(2, 3, 2)  # (B, T', D', 3, 3)
+        batch, time, freq = patches.size(0), patches.size(1), patches.size(2)
+        weight1 = self.weight1.view(self.weight1.size(0), 9)
+        # NOTE: ReLU in place on the matrix product itself, not on a view of it (autograd would
+        # then rebuild the base tensor in the backward pass: three more copies of it).
+        x = torch.relu_(torch.addmm(self.bias1, patches.reshape(-1, 9), weight1.t()))  # (N, C)
+        x = x.view(batch, time, freq, -1).permute(0, 3, 1, 2)  # (B, C, T', D') channels-last
+        weight2 = self.weight2.contiguous(memory_format=torch.channels_last)
+        if torch.jit.is_scripting() or x.device.type != "cpu":
+            x = nn.functional.conv2d(x, weight2, self.bias2, 2)
+        else:
+            x = self._stride2_conv2d(x, weight2)
+        return torch.relu_(x)
+
+    @torch.jit.unused
+    def _stride2_conv2d(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _Stride2Conv2d.apply(x, weight, self.bias2)
+
+
 class Conv2dSubsampling4(nn.Module):
-    """Two 3x3 stride-2 Conv2d + ReLU layers, then a linear projection and positional encoding.
+    """Two 3x3 stride-2 Conv2d + ReLU layers (:class:`Conv2dReLU2`), then a linear projection and
+    positional encoding.
 
     No padding is used, so a subsampled frame exists only where the receptive field lies fully
     inside the input: T frames give ``((T - 1) // 2 - 1) // 2`` frames, and for a padded
@@ -31,9 +112,7 @@ class Conv2dSubsampling4(nn.Module):
     def __init__(self, idim: int, odim: int, pos_enc: nn.Module, channels: int = 0):
         super().__init__()
         channels = channels or odim
-        self.conv = nn.Sequential(
-            nn.Conv2d(1, channels, 3, 2), nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, 2), nn.ReLU())
+        self.conv = Conv2dReLU2(channels)
         self.out = nn.Linear(channels * (((idim - 1) // 2 - 1) // 2), odim)
         self.pos_enc = pos_enc
         self.receptive_field = RECEPTIVE_FIELD  # NOTE: an attribute, as TorchScript reads no globals
@@ -64,7 +143,7 @@ class Conv2dSubsampling4(nn.Module):
         if short > 0:
             x = nn.functional.pad(x, (0, 0, 0, short))
             x_mask = nn.functional.pad(x_mask, (0, short), value=False)
-        x = self.conv(x.unsqueeze(1))
+        x = self.conv(x)
         batch, channels, time, freq = x.size()
         x = self.out(x.transpose(1, 2).reshape(batch, time, channels * freq))
         x, pos_emb = self.pos_enc(x)
