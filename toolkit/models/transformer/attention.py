@@ -10,6 +10,8 @@ import math
 import torch
 from torch import nn
 
+from toolkit.models.transformer.dropout import Dropout
+
 
 class MultiHeadedAttention(nn.Module):
     """Scaled dot-product attention over ``n_head`` heads.
@@ -33,7 +35,7 @@ class MultiHeadedAttention(nn.Module):
         self.linear_k = nn.Linear(n_feat, n_feat)
         self.linear_v = nn.Linear(n_feat, n_feat)
         self.linear_out = nn.Linear(n_feat, n_feat)
-        self.dropout = nn.Dropout(p=dropout_rate)
+        self.dropout = Dropout(p=dropout_rate)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """float32 (B, T, D) -> (B, H, T, D / H)."""

@@ -2,6 +2,7 @@
 import torch
 from torch import nn
 
+from toolkit.models.transformer.dropout import Dropout
 from toolkit.utils.common import BLANK_ID, IGNORE_ID
 from toolkit.utils.mask import make_pad_mask
 
@@ -36,7 +37,7 @@ class CTC(nn.Module):
     def __init__(self, odim: int, encoder_output_size: int, dropout_rate: float = 0.0):
         super().__init__()
         self.ctc_lo = nn.Linear(encoder_output_size, odim)
-        self.dropout = nn.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
 
     def forward(self, hs_pad: torch.Tensor, hlens: torch.Tensor, ys_pad: torch.Tensor,
                 ys_lens: torch.Tensor) -> torch.Tensor:

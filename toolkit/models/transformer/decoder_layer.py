@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from toolkit.models.transformer.attention import MultiHeadedAttention
+from toolkit.models.transformer.dropout import Dropout
 from toolkit.models.transformer.positionwise_feed_forward import PositionwiseFeedForward
 
 
@@ -31,7 +32,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(size, eps=1e-12)
         self.norm2 = nn.LayerNorm(size, eps=1e-12)
         self.norm3 = nn.LayerNorm(size, eps=1e-12)
-        self.dropout = nn.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         self.normalize_before = normalize_before
 
     def forward(self, tgt: torch.Tensor, tgt_mask: torch.Tensor, memory: torch.Tensor,

@@ -8,6 +8,8 @@ import math
 import torch
 from torch import nn
 
+from toolkit.models.transformer.dropout import Dropout
+
 
 def _sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     """float32 (P, d_model) table: sin on even dims, cos on odd dims, for the given positions.
@@ -41,7 +43,7 @@ class PositionalEncoding(nn.Module):
     def __init__(self, d_model: int, dropout_rate: float, max_len: int = 5000):
         super().__init__()
         self.xscale = math.sqrt(d_model)
-        self.dropout = nn.Dropout(p=dropout_rate)
+        self.dropout = Dropout(p=dropout_rate)
         # Not persistent: it is a pure function of the constructor arguments.
         self.register_buffer("pe", _sinusoid_table(torch.arange(max_len), d_model).unsqueeze(0),
                              persistent=False)
@@ -80,7 +82,7 @@ class RelPositionalEncoding(nn.Module):
         super().__init__()
         self.xscale = math.sqrt(d_model)
         self.max_len = max_len
-        self.dropout = nn.Dropout(p=dropout_rate)
+        self.dropout = Dropout(p=dropout_rate)
         distances = torch.arange(max_len - 1, -max_len, -1)
         self.register_buffer("pe", _sinusoid_table(distances, d_model).unsqueeze(0),
                              persistent=False)

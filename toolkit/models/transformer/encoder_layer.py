@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from toolkit.models.transformer.convolution import ConvolutionModule
+from toolkit.models.transformer.dropout import Dropout
 from toolkit.models.transformer.positionwise_feed_forward import PositionwiseFeedForward
 
 
@@ -27,7 +28,7 @@ class TransformerEncoderLayer(nn.Module):
         self.feed_forward = feed_forward
         self.norm1 = nn.LayerNorm(size, eps=1e-12)
         self.norm2 = nn.LayerNorm(size, eps=1e-12)
-        self.dropout = nn.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         self.normalize_before = normalize_before
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
@@ -88,7 +89,7 @@ class ConformerEncoderLayer(nn.Module):
         self.norm_final = nn.LayerNorm(size, eps=1e-12)
         # Macaron-Net halves each FFN step so the two FFNs together make one full step.
         self.ff_scale = 0.5 if feed_forward_macaron is not None else 1.0
-        self.dropout = nn.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         self.normalize_before = normalize_before
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,

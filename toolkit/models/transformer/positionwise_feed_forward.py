@@ -2,6 +2,8 @@
 import torch
 from torch import nn
 
+from toolkit.models.transformer.dropout import Dropout
+
 
 class PositionwiseFeedForward(nn.Module):
     """Linear(D -> hidden) -> activation -> dropout -> Linear(hidden -> D), applied per frame.
@@ -18,7 +20,7 @@ class PositionwiseFeedForward(nn.Module):
         super().__init__()
         self.w_1 = nn.Linear(idim, hidden_units)
         self.activation = activation
-        self.dropout = nn.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         self.w_2 = nn.Linear(hidden_units, idim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
