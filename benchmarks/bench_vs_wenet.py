@@ -57,6 +57,8 @@ def get_args() -> argparse.Namespace:
     parser.add_argument("--config", default=os.path.join(REPO, "benchmarks", "conf", "conformer_6x256.yaml"))
     parser.add_argument("--wenet_config", default=os.path.join(REPO, "..", "shared", "bench",
                                                                "wenet_conformer_6x256.yaml"))
+    parser.add_argument("--override_config", action="append", default=[],
+                        help="passed to this toolkit's trainer (not to WeNet); repeatable")
     parser.add_argument("--num_utts", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=2, help="A B pairs")
     parser.add_argument("--work_dir", required=True)
@@ -91,11 +93,18 @@ def write_wenet_config(args: argparse.Namespace, data: dict) -> str:
     return path
 
 
-def run_ours(args: argparse.Namespace, run_dir: str) -> dict:
+def run_ours(args: argparse.Namespace, run_dir: str, source: str = REPO, overrides: list[str] = (),
+             env: dict | None = None) -> dict:
+    """One ``bench_train.py`` run of 1 process from the source tree ``source`` (on ``PYTHONPATH``, so another
+    checkout of this repository runs its own code), with ``overrides`` and ``env`` added; returns its summary."""
     out = os.path.join(run_dir, "result.json")
-    _run([sys.executable, BENCH_TRAIN, "--config", args.config, "--num_utts", str(args.num_utts), "--steps", "0",
-          "--nproc", "1", "--work_dir", args.work_dir, "--json", out,
-          "--timeout_s", str(args.timeout_s)], os.path.join(run_dir, "bench.log"), args.timeout_s + 600)
+    cmd = [sys.executable, os.path.join(source, "benchmarks", "bench_train.py"), "--config", args.config,
+           "--num_utts", str(args.num_utts), "--steps", "0", "--nproc", "1", "--work_dir", args.work_dir,
+           "--json", out, "--timeout_s", str(args.timeout_s)]
+    for override in [*args.override_config, *overrides]:
+        cmd += ["--override_config", override]
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
+    _run(cmd, os.path.join(run_dir, "bench.log"), args.timeout_s + 600, env)
     with open(out, encoding="utf-8") as f:
         return next(iter(json.load(f)["runs"].values()))
 
@@ -126,28 +135,33 @@ def conf_frame_shift_s(wenet_config: str) -> float:
         return yaml.safe_load(f)["dataset_conf"]["fbank_conf"]["frame_shift"] / 1000
 
 
-def print_table(rounds: list[dict]) -> dict:
-    """Per-round figures and the ratios of the means (ours / WeNet); returns the ratios."""
+def print_table(rounds: list[dict], sides: tuple[str, str] = ("ours", "wenet"),
+                labels: tuple[str, str] = ("ours", "WeNet")) -> dict:
+    """Per-round figures of the two ``sides`` (keys of each round) and the ratios of their means (first / second);
+    returns the ratios."""
     rows = [("input frames/s", "frames_per_s", "{:,.0f}"), ("audio-s/s", "audio_s_per_s", "{:.1f}"),
             ("epoch frames/s (first step in)", "epoch_frames_per_s", "{:,.0f}"),
             ("step s (median)", "step_s_median", "{:.3f}"), ("launch to first step s", "launch_to_first_step_s",
                                                               "{:.1f}"),
             ("padding share of computed frames", "padding_fraction", "{:.1%}"),
             ("fraction of matmul ceiling", "ceiling_fraction", "{:.1%}")]
-    print(f"{rounds[0]['ours']['params']:,} vs {rounds[0]['wenet']['params']:,} parameters; "
-          f"{rounds[0]['ours']['steps']} vs {rounds[0]['wenet']['steps']} steps per run")
-    names = [f"{side} r{i + 1}" for i in range(len(rounds)) for side in ("ours", "WeNet")]
-    runs = [r[side] for r in rounds for side in ("ours", "wenet")]
-    print(f"{'':32s}" + "".join(f"{n:>12s}" for n in names) + f"{'ours/WeNet':>12s}")
+    first, second = (rounds[0][side] for side in sides)
+    print(f"{labels[0]}: {first['params']:,} parameters, {first['steps']} steps per run; "
+          f"{labels[1]}: {second['params']:,}, {second['steps']}")
+    names = [f"{label} r{i + 1}" for i in range(len(rounds)) for label in labels]
+    runs = [r[side] for r in rounds for side in sides]
+    ratio_name = f"{labels[0]}/{labels[1]}"
+    width = max(12, max(map(len, names + [ratio_name])) + 2)
+    print(f"{'':32s}" + "".join(f"{n:>{width}s}" for n in names) + f"{ratio_name:>{width}s}")
     ratios = {}
     for label, key, fmt in rows + [("peak RSS MiB", "peak_rss_mib", "{:,.0f}")]:
         values = [r[key][0] if isinstance(r[key], list) else r[key] for r in runs]
         ratio = statistics.fmean(values[0::2]) / statistics.fmean(values[1::2])
         ratios[key] = ratio
-        print(f"{label:32s}" + "".join(f"{fmt.format(v):>12s}" for v in values) + f"{ratio:>12.2f}x")
+        print(f"{label:32s}" + "".join(f"{fmt.format(v):>{width}s}" for v in values) + f"{ratio:>{width - 1}.2f}x")
     print("step split, ms per step:")
     for part in runs[0]["split_s"]:
-        print(f"  {part:30s}" + "".join(f"{1000 * r['split_s'][part]:>12.1f}" for r in runs))
+        print(f"  {part:30s}" + "".join(f"{1000 * r['split_s'][part]:>{width}.1f}" for r in runs))
     return ratios
 
 
