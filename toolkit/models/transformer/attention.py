@@ -6,6 +6,7 @@ Masks are boolean and True where a key takes part: (B, 1, T2) for padding only, 
 when queries see different keys (causal decoding).
 """
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ class MultiHeadedAttention(nn.Module):
             raise ValueError(f"n_feat {n_feat} is not divisible by n_head {n_head}")
         self.d_k = n_feat // n_head
         self.h = n_head
+        self.scale = 1.0 / math.sqrt(self.d_k)
         self.linear_q = nn.Linear(n_feat, n_feat)
         self.linear_k = nn.Linear(n_feat, n_feat)
         self.linear_v = nn.Linear(n_feat, n_feat)
@@ -41,25 +43,29 @@ class MultiHeadedAttention(nn.Module):
         """float32 (B, T, D) -> (B, H, T, D / H)."""
         return x.view(x.size(0), -1, self.h, self.d_k).transpose(1, 2)
 
-    def forward_attention(self, value: torch.Tensor, scores: torch.Tensor,
-                          mask: torch.Tensor) -> torch.Tensor:
-        """Masked softmax over keys, weighted sum of values, output projection.
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """softmax(q k^T / sqrt(D/H) + bias) v over the keys ``mask`` lets take part, then the output projection,
+        through ``scaled_dot_product_attention`` (a fused kernel where PyTorch has one for these inputs).
 
         Args:
-            value: float32 (B, H, T2, D / H).
-            scores: float32 (B, H, T1, T2), already scaled.
+            query: float32 (B, H, T1, D / H).
+            key, value: float32 (B, H, T2, D / H).
             mask: bool (B, 1, T2) or (B, T1, T2), True where a key takes part.
+            bias: float32 (B, H, T1, T2) added to the scaled scores (relative positions), or None.
 
         Returns:
-            float32 (B, T1, D).
+            float32 (B, T1, D). A query with no valid key (a zero-length sequence) attends to nothing:
+            PyTorch gives such a row zero weights (its safe softmax, also in the fused CPU kernel), so it gets
+            zeros before the output projection, never NaN.
         """
-        masked_out = ~mask.unsqueeze(1)
-        scores = scores.masked_fill(masked_out, float("-inf"))
-        # A query with no valid key (e.g. a zero-length sequence) has an all -inf row whose
-        # softmax is NaN; zeroing masked weights afterwards turns that row into zeros.
-        attn = torch.softmax(scores, dim=-1).masked_fill(masked_out, 0.0)
-        x = torch.matmul(self.dropout(attn), value)
-        x = x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_k)
+        attn_mask = mask.unsqueeze(1)  # (B, 1, 1 or T1, T2)
+        if bias is not None:
+            attn_mask = bias.masked_fill(~attn_mask, float("-inf"))
+        dropout_p = self.dropout.p if self.training else 0.0
+        x = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                       scale=self.scale)
+        x = x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_k)  # (B, T1, D)
         return self.linear_out(x)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -78,8 +84,7 @@ class MultiHeadedAttention(nn.Module):
         q = self.split_heads(self.linear_q(query))
         k = self.split_heads(self.linear_k(key))
         v = self.split_heads(self.linear_v(value))
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.d_k)
-        return self.forward_attention(v, scores, mask)
+        return self.attend(q, k, v, mask)
 
 
 def rel_shift(x: torch.Tensor) -> torch.Tensor:
@@ -140,7 +145,6 @@ class RelPositionMultiHeadedAttention(MultiHeadedAttention):
         p = self.split_heads(self.linear_pos(pos_emb))
         q_u = (q + self.pos_bias_u).transpose(1, 2)
         q_v = (q + self.pos_bias_v).transpose(1, 2)
-        matrix_ac = torch.matmul(q_u, k.transpose(-2, -1))
-        matrix_bd = rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))
-        scores = (matrix_ac + matrix_bd) / math.sqrt(self.d_k)
-        return self.forward_attention(v, scores, mask)
+        # The content term (q + u) k^T is the attention's own product; the position term is its additive bias.
+        matrix_bd = rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))  # (B, H, T, T)
+        return self.attend(q_u, k, v, mask, matrix_bd * self.scale)

@@ -4,6 +4,8 @@ from toolkit.models.transformer.attention import (MultiHeadedAttention,
                                                   RelPositionMultiHeadedAttention, rel_shift)
 from toolkit.models.transformer.embedding import RelPositionalEncoding
 
+from ..conftest import assert_equal_up_to_rounding
+
 
 def test_rel_shift_picks_the_column_of_distance_i_minus_j():
     time = 4
@@ -38,3 +40,48 @@ def test_masked_keys_get_no_weight():
         out_changed = attention(changed, changed, changed, mask, pos_emb)
         assert torch.equal(out[:, :3], out_changed[:, :3])  # masked keys weigh exactly 0: bit for bit
         assert not torch.allclose(out[:, 3:], out_changed[:, 3:])
+
+
+def _textbook(attention, query, key, value, mask, pos_emb):
+    """The attention written out as its papers state it: scores, -inf at masked keys, softmax (a row with no valid
+    key: zero weights), weighted values, output projection; Transformer-XL's position term for the relative one."""
+    h, d_k = attention.h, attention.d_k
+    q = attention.linear_q(query).view(query.size(0), -1, h, d_k)
+    k = attention.split_heads(attention.linear_k(key))
+    v = attention.split_heads(attention.linear_v(value))
+    if isinstance(attention, RelPositionMultiHeadedAttention):
+        p = attention.split_heads(attention.linear_pos(pos_emb))
+        scores = ((q + attention.pos_bias_u).transpose(1, 2) @ k.transpose(-2, -1)
+                  + rel_shift((q + attention.pos_bias_v).transpose(1, 2) @ p.transpose(-2, -1)))
+    else:
+        scores = q.transpose(1, 2) @ k.transpose(-2, -1)
+    scores = (scores / d_k ** 0.5).masked_fill(~mask.unsqueeze(1), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    x = (weights @ v).transpose(1, 2).reshape(query.size(0), -1, h * d_k)
+    return attention.linear_out(x)
+
+
+def test_attention_equals_the_textbook_formula_with_its_gradients_and_empty_rows_give_zeros():
+    """scaled_dot_product_attention (a fused CPU kernel for boolean masks, the position term as an additive bias for
+    the relative one) computes the papers' formula, in float64; a sequence with no valid key gives the output
+    projection's bias, never NaN, and no NaN gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 8, dtype=torch.float64)
+    _, pos_emb = RelPositionalEncoding(8, 0.0)(x)
+    lengths = torch.tensor([6, 2, 0])
+    mask = (torch.arange(6) < lengths.unsqueeze(1)).unsqueeze(1)  # (B, 1, T)
+    causal = mask & torch.tril(torch.ones(6, 6, dtype=torch.bool))  # (B, T, T)
+    for attention, masks in ((MultiHeadedAttention(2, 8, 0.0), (mask, causal)),
+                             (RelPositionMultiHeadedAttention(2, 8, 0.0), (mask, causal))):
+        attention = attention.double()
+        for m in masks:
+            inputs = x.clone().requires_grad_()
+            out = attention(inputs, inputs, inputs, m, pos_emb.double())
+            ref_inputs = x.clone().requires_grad_()
+            ref = _textbook(attention, ref_inputs, ref_inputs, ref_inputs, m, pos_emb.double())
+            assert_equal_up_to_rounding(out, ref)
+            assert torch.equal(out[2], attention.linear_out.bias.expand(6, 8))
+            (grad,) = torch.autograd.grad(out.sum(), inputs)
+            (ref_grad,) = torch.autograd.grad(ref.sum(), ref_inputs)
+            assert not grad.isnan().any()
+            assert_equal_up_to_rounding(grad, ref_grad)

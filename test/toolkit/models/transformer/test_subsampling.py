@@ -32,3 +32,50 @@ def test_valid_outputs_depend_on_valid_frames_only(tiny_fsdd):
     valid = int(out_mask[1].sum())
     assert valid == alone.size(1)
     assert_equal_up_to_rounding(out[1, :valid], alone[0])
+
+
+def _reference_convolutions(conv, feats):
+    """The two convolutions as plain conv2d + ReLU on contiguous tensors: what Conv2dReLU2 must equal."""
+    x = torch.relu(torch.nn.functional.conv2d(feats.unsqueeze(1), conv.weight1, conv.bias1, 2))
+    return torch.relu(torch.nn.functional.conv2d(x, conv.weight2, conv.bias2, 2))
+
+
+def test_front_end_convolutions_and_their_gradients_equal_plain_conv2d(tiny_fsdd, tiny_lj):
+    """The patch product, channels-last layout, in-place ReLUs and the per-tap weight gradient (the CPU training path)
+    compute the same function and the same gradients as two nn.functional.conv2d + ReLU, in float64; and the
+    TorchScript path (plain conv2d) gives the same output."""
+    subsampling = Conv2dSubsampling4(80, 8, PositionalEncoding(8, 0.0), channels=6).double().train()
+    conv = subsampling.conv
+    for feats, _ in (tiny_fsdd.batch(["george-0-01", "nicolas-6-00"]), tiny_lj.batch(["LJ001-0002"])):
+        feats = feats.double()
+        out = conv(feats)
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        ref = _reference_convolutions(conv, feats)
+        assert_equal_up_to_rounding(out, ref)
+        upstream = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        params = [conv.weight1, conv.bias1, conv.weight2, conv.bias2]
+        grads = torch.autograd.grad(out, params, upstream)
+        ref_grads = torch.autograd.grad(ref, params, upstream)
+        for grad, ref_grad in zip(grads, ref_grads):
+            assert grad.shape == ref_grad.shape and bool(ref_grad.abs().max() > 0)
+            # gradients sum over every output position: rounding relative to their scale
+            assert_equal_up_to_rounding(grad / ref_grad.abs().max(), ref_grad / ref_grad.abs().max())
+        scripted = torch.jit.script(conv)
+        assert_equal_up_to_rounding(scripted(feats), ref)
+
+
+def test_front_end_parameters_keep_the_default_layout_and_conv2d_initialisation():
+    """DDP buckets and DeepSpeed flatten the parameters: they stay contiguous (the channels-last copies live in the
+    graph), and a gradient step leaves them so."""
+    torch.manual_seed(3)
+    subsampling = Conv2dSubsampling4(80, 8, PositionalEncoding(8, 0.0), channels=6)
+    conv = subsampling.conv
+    assert conv.weight1.shape == (6, 1, 3, 3) and conv.weight2.shape == (6, 6, 3, 3)
+    torch.manual_seed(3)
+    plain = torch.nn.Conv2d(1, 6, 3, 2)  # the same draws as the constructor's first convolution
+    assert torch.equal(conv.weight1, plain.weight) and torch.equal(conv.bias1, plain.bias)
+    feats = torch.randn(2, 40, 80)
+    out, _, _ = subsampling(feats, torch.ones(2, 1, 40, dtype=torch.bool))
+    out.sum().backward()
+    for param in conv.parameters():
+        assert param.is_contiguous() and param.grad.is_contiguous()
