@@ -1,5 +1,7 @@
-"""Label-smoothed cross entropy (Szegedy et al., 2016, arXiv:1512.00567, section 7), computed as
-KL divergence against the smoothed target distribution."""
+"""Label-smoothed cross entropy (Szegedy et al., 2016, arXiv:1512.00567, section 7), as the KL divergence against
+the smoothed target distribution."""
+import math
+
 import torch
 from torch import nn
 
@@ -9,7 +11,10 @@ from toolkit.utils.common import IGNORE_ID
 class LabelSmoothingLoss(nn.Module):
     """KL(q || p) with q = (1 - smoothing) on the target and smoothing / (V - 1) elsewhere.
 
-    With ``smoothing = 0`` it equals token-level cross entropy (summed, then normalised).
+    With ``smoothing = 0`` it equals token-level cross entropy (summed, then normalised). Computed through
+    ``F.cross_entropy(label_smoothing=e)``, whose target is (1 - e) on the target and e / V everywhere: with
+    e = smoothing * V / (V - 1) that is q, and KL(q || p) = CE(q, p) - H(q), H(q) a constant per token. NOTE: one fused
+    kernel instead of a (B * L, V) target tensor, a scatter and an element-wise KL.
 
     Args:
         size: vocabulary size V.
@@ -20,19 +25,23 @@ class LabelSmoothingLoss(nn.Module):
             utterance left out of the loss and does not count).
 
     Raises:
-        ValueError: ``smoothing`` outside [0, 1) or ``size`` < 2.
+        ValueError: ``smoothing`` outside [0, (V - 1) / V] (beyond it the target would weigh less than another
+            token) or ``size`` < 2.
     """
 
     def __init__(self, size: int, smoothing: float, padding_idx: int = IGNORE_ID,
                  normalize_length: bool = False):
         super().__init__()
-        if not 0.0 <= smoothing < 1.0 or size < 2:
-            raise ValueError(f"need 0 <= smoothing < 1 and size >= 2, got {smoothing}, {size}")
+        if size < 2 or not 0.0 <= smoothing <= (size - 1) / size:
+            raise ValueError(f"need size >= 2 and 0 <= smoothing <= (size - 1) / size, got {smoothing}, {size}")
         self.size = size
         self.smoothing = smoothing
-        self.confidence = 1.0 - smoothing
         self.padding_idx = padding_idx
         self.normalize_length = normalize_length
+        self.torch_smoothing = smoothing * size / (size - 1)
+        other = smoothing / (size - 1)  # q of each non-target token
+        self.entropy = -sum(w * math.log(q) for w, q in ((1.0 - smoothing, 1.0 - smoothing), (smoothing, other))
+                            if q > 0.0)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Args:
@@ -43,14 +52,10 @@ class LabelSmoothingLoss(nn.Module):
             float32 scalar loss.
         """
         num_utts = (target != self.padding_idx).any(dim=1).sum().clamp(min=1)
-        x = x.reshape(-1, self.size)
-        target = target.reshape(-1)
-        ignore = target == self.padding_idx
-        target = target.masked_fill(ignore, 0)
-        true_dist = torch.full_like(x, self.smoothing / (self.size - 1))
-        true_dist.scatter_(1, target.unsqueeze(1), self.confidence)
-        # kl_div treats 0 * log 0 as 0, so smoothing = 0 reduces exactly to cross entropy.
-        kl = nn.functional.kl_div(torch.log_softmax(x, dim=1), true_dist, reduction="none")
-        kl = kl.sum(dim=1).masked_fill(ignore, 0.0).sum()
-        denom = (~ignore).sum().clamp(min=1) if self.normalize_length else num_utts
+        num_tokens = (target != self.padding_idx).sum()
+        cross_entropy = nn.functional.cross_entropy(x.reshape(-1, self.size), target.reshape(-1),
+                                                    ignore_index=self.padding_idx, reduction="sum",
+                                                    label_smoothing=self.torch_smoothing)
+        kl = cross_entropy - num_tokens * self.entropy
+        denom = num_tokens.clamp(min=1) if self.normalize_length else num_utts
         return kl / denom
