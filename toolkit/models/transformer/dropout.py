@@ -3,6 +3,22 @@ import torch
 from torch import nn
 
 
+class _KeepAndScale(torch.autograd.Function):
+    """x * keep * scale, and grad * keep * scale back: one pass each way, only the bool mask saved (torch's
+    ``native_dropout_backward`` kernel, which computes exactly this, does both)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return torch.ops.aten.native_dropout_backward(x, keep, scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return torch.ops.aten.native_dropout_backward(grad, keep, ctx.scale), None, None
+
+
 class Dropout(nn.Module):
     """Inverted dropout: in training each element is zeroed with probability ``p`` and the others are scaled by
     1 / (1 - p); the identity in eval mode (or with ``p`` 0). Drop-in for ``nn.Dropout``.
@@ -32,12 +48,14 @@ class Dropout(nn.Module):
         """x: any shape -> the same shape and dtype."""
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu":
+        if torch.jit.is_scripting() or x.device.type != "cpu":
             return nn.functional.dropout(x, self.p, True)
+        return self._cpu_dropout(x)
+
+    @torch.jit.unused
+    def _cpu_dropout(self, x: torch.Tensor) -> torch.Tensor:
         keep = torch.empty(x.shape, dtype=torch.int32).random_() >= self.threshold
-        # NOTE: x * keep * scale in one pass each way: the forward is the backward formula of torch's own dropout,
-        # whose derivative is itself (its gradient is grad * keep * scale).
-        return torch.ops.aten.native_dropout_backward(x, keep, self.scale)
+        return _KeepAndScale.apply(x, keep, self.scale)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -41,8 +41,8 @@ def test_eval_and_zero_probability_are_the_identity_and_one_drops_everything():
 def test_refuses_a_probability_outside_0_1_and_scripts():
     with pytest.raises(ValueError, match="dropout probability"):
         Dropout(1.5)
-    scripted = torch.jit.script(Dropout(0.2).train())
-    torch.manual_seed(1)
-    expected = Dropout(0.2).train()(torch.ones(100))
-    torch.manual_seed(1)
-    assert torch.equal(scripted(torch.ones(100)), expected)
+    scripted = torch.jit.script(Dropout(0.2))
+    x = torch.ones(100_000)
+    assert torch.equal(scripted.eval()(x), x)
+    kept = scripted.train()(x) != 0  # TorchScript runs torch's own dropout: the same distribution
+    assert abs(float(kept.float().mean()) - 0.8) < 6 * math.sqrt(0.8 * 0.2 / x.numel())
