@@ -35,10 +35,12 @@ class _Stride2Conv2d(torch.autograd.Function):
         rows = grad.permute(0, 2, 3, 1).reshape(-1, out_channels)  # (N, O), a view
         frames = x.permute(0, 2, 3, 1)  # (B, T, D, C), contiguous in channels-last
         grad_w = weight.new_empty(out_channels, 3, 3, weight.size(1))
+        tap = x.new_empty(rows.size(0), weight.size(1))  # (N, C), one buffer for the nine taps
         for i in range(3):
             for j in range(3):
-                tap = frames[:, i:i + 2 * out_time - 1:2, j:j + 2 * out_freq - 1:2]  # (B, T', D', C)
-                grad_w[:, i, j] = rows.t() @ tap.reshape(-1, tap.size(-1))
+                tap.view(grad.size(0), out_time, out_freq, -1).copy_(
+                    frames[:, i:i + 2 * out_time - 1:2, j:j + 2 * out_freq - 1:2])
+                grad_w[:, i, j] = rows.t() @ tap
         return grad_x, grad_w.permute(0, 3, 1, 2), grad.sum((0, 2, 3))
 
 
