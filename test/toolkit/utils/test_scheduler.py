@@ -34,3 +34,12 @@ def test_unknown_optim_and_scheduler_keys_are_config_errors_listing_the_valid_on
         init_optimizer_and_scheduler(params, "adam", {"lrr": 0.1}, "warmuplr", {})
     with pytest.raises(ConfigError, match=r"scheduler_conf: unknown keys \['warmup'\].*'warmup_steps'"):
         init_optimizer_and_scheduler(params, "adamw", {"lr": 0.1}, "warmuplr", {"warmup": 3})
+
+
+def test_the_optimizer_is_fused_unless_the_config_chooses():
+    params = [torch.nn.Parameter(torch.randn(3))]
+    optimizer, _ = init_optimizer_and_scheduler(params, "adam", {"lr": 0.1}, "warmuplr", {})
+    assert optimizer.defaults["fused"] is True
+    for conf in ({"lr": 0.1, "fused": False}, {"lr": 0.1, "foreach": True}):
+        optimizer, _ = init_optimizer_and_scheduler(params, "adamw", conf, "warmuplr", {})
+        assert not optimizer.defaults["fused"]
