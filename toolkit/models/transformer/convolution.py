@@ -27,14 +27,16 @@ class ConvolutionModule(nn.Module):
             raise ValueError(f"cnn_module_kernel must be odd, got {kernel_size}")
         if norm not in ("batch_norm", "layer_norm"):
             raise ValueError(f"cnn_module_norm must be batch_norm or layer_norm, got {norm!r}")
-        self.pointwise_conv1 = nn.Conv1d(channels, 2 * channels, 1, bias=bias)
-        self.depthwise_conv = nn.Conv1d(channels, channels, kernel_size,
-                                        padding=(kernel_size - 1) // 2, groups=channels,
-                                        bias=bias)
+        # NOTE: the module works on (B, T, D) throughout: the pointwise convolutions are linear layers (the same
+        # function and initialisation as kernel-1 Conv1d) and the depthwise one is a (1, K) Conv2d on the
+        # (B, D, 1, T) view of (B, T, D) memory, which is channels-last: no transposed copies (docs/benchmarks.md).
+        self.pointwise_conv1 = nn.Linear(channels, 2 * channels, bias=bias)
+        self.depthwise_conv = nn.Conv2d(channels, channels, (1, kernel_size),
+                                        padding=(0, (kernel_size - 1) // 2), groups=channels, bias=bias)
         self.use_layer_norm = norm == "layer_norm"
-        self.norm = nn.LayerNorm(channels) if self.use_layer_norm else nn.BatchNorm1d(channels)
+        self.norm = nn.LayerNorm(channels) if self.use_layer_norm else nn.BatchNorm2d(channels)
         self.activation = activation
-        self.pointwise_conv2 = nn.Conv1d(channels, channels, 1, bias=bias)
+        self.pointwise_conv2 = nn.Linear(channels, channels, bias=bias)
 
     def forward(self, x: torch.Tensor, mask_pad: torch.Tensor) -> torch.Tensor:
         """Args:
@@ -44,11 +46,11 @@ class ConvolutionModule(nn.Module):
         Returns:
             float32 (B, T, D); values at padded frames are unspecified.
         """
-        x = nn.functional.glu(self.pointwise_conv1(x.transpose(1, 2)), dim=1)
-        x = self.depthwise_conv(x.masked_fill(~mask_pad, 0.0))
+        x = nn.functional.glu(self.pointwise_conv1(x), dim=-1)  # (B, T, D)
+        x = x.masked_fill(~mask_pad.transpose(1, 2), 0.0)
+        x = self.depthwise_conv(x.transpose(1, 2).unsqueeze(2))  # (B, D, 1, T) channels-last
         if self.use_layer_norm:
-            x = self.norm(x.transpose(1, 2)).transpose(1, 2)
+            x = self.norm(x.squeeze(2).transpose(1, 2))
         else:
-            x = self.norm(x)
-        x = self.pointwise_conv2(self.activation(x))
-        return x.transpose(1, 2)
+            x = self.norm(x).squeeze(2).transpose(1, 2)  # batch statistics over (B, T) per channel
+        return self.pointwise_conv2(self.activation(x))
