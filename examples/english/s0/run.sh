@@ -44,6 +44,7 @@ train_engine=torch_ddp               # torch_ddp | deepspeed
 deepspeed_config=                    # with deepspeed: conf/ds_stage{1,2,3}.json
 checkpoint=                          # resume from this epoch_N.pt or step_N.pt; auto: the newest one in $dir
 average_num=3                        # 0: decode the last epoch as is
+decode_sets=test                     # test | dev: stage 5 decodes <decode_sets>_<corpus> (tune on dev, score test once)
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
 beam_size=10
 decode_batch_size=32
@@ -71,6 +72,7 @@ sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(known)}" if 
   $decode_modes || exit 1
 [ -n "${corpora// }" ] || die "--corpora is empty"
 case $data_type in raw|shard) ;; *) die "--data_type must be raw or shard, got '$data_type'";; esac
+case $decode_sets in test|dev) ;; *) die "--decode_sets must be test or dev, got '$decode_sets'";; esac
 [ -f "$train_config" ] || die "--train_config $train_config does not exist"
 if [ -z "$nproc_per_node" ]; then
   nproc_per_node=$(python -c "import torch; print(torch.cuda.device_count())")
@@ -93,8 +95,11 @@ for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
 done
 dict=$data/dict/units.txt
 bpemodel=$data/dict/bpe
-test_sets=$(for c in $corpora; do printf 'test_%s ' "$c"; done)
-test_sets=${test_sets% }
+eval_sets() { for c in $corpora; do printf '%s_%s ' "$1" "$c"; done; }
+decode_dirs=$(eval_sets "$decode_sets")
+decode_dirs=${decode_dirs% }
+results=$dir/RESULTS.md
+[ "$decode_sets" = test ] || results=$dir/RESULTS_$decode_sets.md
 SECONDS=0
 
 # The training overrides: stage 1 (features for CMVN) and stage 4 read the config with the same ones.
@@ -155,7 +160,7 @@ fi
 
 if (( stage <= 3 && stop_stage >= 3 )); then
   echo "stage 3: $data_type data.list"
-  for x in train dev $test_sets; do
+  for x in train dev $(eval_sets dev) $(eval_sets test); do
     if [ "$data_type" = raw ]; then
       python tools/make_raw_list.py "$data/$x/wav.scp" "$data/$x/text" "$data/$x/data.list"
     else
@@ -211,8 +216,8 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
     [ -n "$decode_checkpoint" ] || die "no committed epoch_N.pt (with epoch_N.yaml) in $dir"
     echo "stage 5: decoding the newest epoch as it is: $decode_checkpoint"
   fi
-  echo "stage 5: decoding $test_sets with $decode_modes, $num_nodes node(s) x $decode_nproc_per_node process(es)"
-  for x in $test_sets; do
+  echo "stage 5: decoding $decode_dirs with $decode_modes, $num_nodes node(s) x $decode_nproc_per_node process(es)"
+  for x in $decode_dirs; do
     # every rank decodes its share; global rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
     rm -f "$dir/$x/decode_summary.json"
     launch --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x") -m toolkit.bin.recognize \
@@ -221,12 +226,12 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
       --beam_size "$beam_size" --batch_size "$decode_batch_size" --num_threads "$decode_threads"
   done
   written=1
-  for x in $test_sets; do [ -f "$dir/$x/decode_summary.json" ] || written=0; done
+  for x in $decode_dirs; do [ -f "$dir/$x/decode_summary.json" ] || written=0; done
   if [ "$written" = 1 ]; then
-    python tools/results_table.py --data "$data" --dir "$dir" --test_sets $test_sets --modes $decode_modes \
+    python tools/results_table.py --data "$data" --dir "$dir" --test_sets $decode_dirs --modes $decode_modes \
       --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine)" \
-      > "$dir/RESULTS.md"
-    cat "$dir/RESULTS.md"
+      > "$results"
+    cat "$results"
   else  # NOTE: without a shared file system only the node of global rank 0 holds the decoding results
     echo "stage 5: the results were written on the node of global rank 0 (no $dir/<test set>/decode_summary.json here)"
   fi

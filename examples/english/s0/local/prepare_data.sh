@@ -4,8 +4,9 @@
 #
 #   local/prepare_data.sh <corpus_dir> <data_dir> <corpus>...
 #
-# Writes <data_dir>/train (union of the corpora's train splits), <data_dir>/dev (union of dev splits) and
-# <data_dir>/test_<corpus> for each corpus, each with wav.scp (absolute paths), text and utt2dur (if present).
+# Writes <data_dir>/train (union of the corpora's train splits), <data_dir>/dev (union of dev splits, the CV set), and
+# <data_dir>/dev_<corpus> and <data_dir>/test_<corpus> for each corpus, each with wav.scp (absolute paths), text and
+# utt2dur (if present).
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n '2,7p' "$0"; exit 1; }
 corpus_dir=$(cd "$1" && pwd); data=$2; shift 2
@@ -32,4 +33,7 @@ union() {  # union <out_dir> <split> <corpus>...
 
 union "$data/train" train "$@"
 union "$data/dev" dev "$@"
-for corpus in "$@"; do union "$data/test_$corpus" test "$corpus"; done
+for corpus in "$@"; do
+  union "$data/dev_$corpus" dev "$corpus"
+  union "$data/test_$corpus" test "$corpus"
+done
