@@ -5,7 +5,7 @@ variants, alternating A B A B, and their ratios (B / A).
 A variant is a source tree (``--a_rev``/``--b_rev``: a git revision of this repository, checked out once as a
 detached worktree under ``--work_dir``, or ``worktree`` for the files as they are now), plus trainer overrides
 (``--a_override``/``--b_override``, repeatable) and environment variables (``--a_env``/``--b_env NAME=VALUE``). Each
-run is ``benchmarks/bench_train.py`` of that tree with 1 process (``benchmarks/bench_vs_wenet.py``'s ``run_ours``),
+run is ``benchmarks/bench_train.py`` of that tree with 1 process (``toolkit.utils.perf.run_bench_train``, as in ``benchmarks/bench_vs_wenet.py``),
 on one set of data files, so a change of code, of config or of environment is measured by the same clock as the
 comparison with WeNet. The history of measured changes is in docs/benchmarks.md.
 
@@ -22,7 +22,10 @@ import os
 import subprocess
 import sys
 
-from bench_vs_wenet import BENCH_TRAIN, REPO, print_table, run_ours
+from toolkit.utils.perf import print_side_by_side, run_bench_train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_TRAIN = os.path.join(REPO, "benchmarks", "bench_train.py")
 
 WORKTREE = "worktree"
 
@@ -40,9 +43,7 @@ def get_args() -> argparse.Namespace:
     parser.add_argument("--work_dir", required=True)
     parser.add_argument("--json", default=None)
     parser.add_argument("--timeout_s", type=float, default=1800.0, help="per training run")
-    args = parser.parse_args()
-    args.override_config = []  # run_ours's shared overrides: none, each variant has its own
-    return args
+    return parser.parse_args()
 
 
 def source_tree(rev: str, work_dir: str) -> str:
@@ -79,11 +80,13 @@ def main() -> None:
         for side, v in variants.items():
             run_dir = os.path.join(args.work_dir, f"r{i + 1}_{side}")
             os.makedirs(run_dir, exist_ok=True)
-            result[side] = run_ours(args, run_dir, v["source"], v["overrides"], v["env"])
+            result[side] = run_bench_train(os.path.join(v["source"], "benchmarks", "bench_train.py"), args.config,
+                                           args.num_utts, args.work_dir, run_dir, v["overrides"], v["env"],
+                                           args.timeout_s)
             print(f"round {i + 1} {side.upper()}: {result[side]['frames_per_s']:,.0f} frames/s, peak RSS "
                   f"{result[side]['peak_rss_mib'][0]:,.0f} MiB", flush=True)
         rounds.append(result)
-    ratios = print_table(rounds, sides=("b", "a"), labels=("B", "A"))
+    ratios = print_side_by_side(rounds, sides=("b", "a"), labels=("B", "A"))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"config": args.config, "num_utts": args.num_utts, "variants": variants, "rounds": rounds,

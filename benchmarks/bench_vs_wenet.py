@@ -40,10 +40,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+from toolkit.utils.perf import print_side_by_side, run_bench_train, run_logged, summarize_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_TRAIN = os.path.join(REPO, "benchmarks", "bench_train.py")
@@ -67,14 +68,6 @@ def get_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _run(cmd: list[str], log_path: str, timeout_s: float, env: dict | None = None) -> None:
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, cwd=REPO)
-    if proc.returncode != 0:
-        with open(log_path, encoding="utf-8") as log:
-            raise SystemExit(f"{cmd[:4]} failed (exit {proc.returncode}); {log_path}:\n{log.read()[-3000:]}")
-
-
 def write_wenet_config(args: argparse.Namespace, data: dict) -> str:
     """WeNet's YAML with this run's data files; returns its path."""
     import yaml
@@ -93,25 +86,7 @@ def write_wenet_config(args: argparse.Namespace, data: dict) -> str:
     return path
 
 
-def run_ours(args: argparse.Namespace, run_dir: str, source: str = REPO, overrides: list[str] = (),
-             env: dict | None = None) -> dict:
-    """One ``bench_train.py`` run of 1 process from the source tree ``source`` (on ``PYTHONPATH``, so another
-    checkout of this repository runs its own code), with ``overrides`` and ``env`` added; returns its summary."""
-    out = os.path.join(run_dir, "result.json")
-    cmd = [sys.executable, os.path.join(source, "benchmarks", "bench_train.py"), "--config", args.config,
-           "--num_utts", str(args.num_utts), "--steps", "0", "--nproc", "1", "--work_dir", args.work_dir,
-           "--json", out, "--timeout_s", str(args.timeout_s)]
-    for override in [*args.override_config, *overrides]:
-        cmd += ["--override_config", override]
-    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
-    _run(cmd, os.path.join(run_dir, "bench.log"), args.timeout_s + 600, env)
-    with open(out, encoding="utf-8") as f:
-        return next(iter(json.load(f)["runs"].values()))
-
-
 def run_wenet(args: argparse.Namespace, data: dict, wenet_config: str, run_dir: str) -> dict:
-    from toolkit.utils.perf import summarize_run
-
     probe_json = os.path.join(run_dir, "probe")
     os.makedirs(os.path.join(run_dir, "model"), exist_ok=True)  # NOTE: WeNet's recipe makes it before training
     cmd = [args.wenet_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", WENET_PROBE,
@@ -122,7 +97,7 @@ def run_wenet(args: argparse.Namespace, data: dict, wenet_config: str, run_dir: 
            "--num_workers", "1", "--prefetch", "10"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(args.wenet_dir), REPO]),
            "BENCH_LAUNCH_TIME": repr(time.time())}
-    _run(cmd, os.path.join(run_dir, "train.log"), args.timeout_s, env)
+    run_logged(cmd, os.path.join(run_dir, "train.log"), args.timeout_s, env, cwd=REPO)
     with open(f"{probe_json}.rank0.json", encoding="utf-8") as f:
         rank0 = json.load(f)
     return summarize_run([rank0], conf_frame_shift_s(wenet_config), 1)
@@ -133,36 +108,6 @@ def conf_frame_shift_s(wenet_config: str) -> float:
 
     with open(wenet_config, encoding="utf-8") as f:
         return yaml.safe_load(f)["dataset_conf"]["fbank_conf"]["frame_shift"] / 1000
-
-
-def print_table(rounds: list[dict], sides: tuple[str, str] = ("ours", "wenet"),
-                labels: tuple[str, str] = ("ours", "WeNet")) -> dict:
-    """Per-round figures of the two ``sides`` (keys of each round) and the ratios of their means (first / second);
-    returns the ratios."""
-    rows = [("input frames/s", "frames_per_s", "{:,.0f}"), ("audio-s/s", "audio_s_per_s", "{:.1f}"),
-            ("epoch frames/s (first step in)", "epoch_frames_per_s", "{:,.0f}"),
-            ("step s (median)", "step_s_median", "{:.3f}"), ("launch to first step s", "launch_to_first_step_s",
-                                                              "{:.1f}"),
-            ("padding share of computed frames", "padding_fraction", "{:.1%}"),
-            ("fraction of matmul ceiling", "ceiling_fraction", "{:.1%}")]
-    first, second = (rounds[0][side] for side in sides)
-    print(f"{labels[0]}: {first['params']:,} parameters, {first['steps']} steps per run; "
-          f"{labels[1]}: {second['params']:,}, {second['steps']}")
-    names = [f"{label} r{i + 1}" for i in range(len(rounds)) for label in labels]
-    runs = [r[side] for r in rounds for side in sides]
-    ratio_name = f"{labels[0]}/{labels[1]}"
-    width = max(12, max(map(len, names + [ratio_name])) + 2)
-    print(f"{'':32s}" + "".join(f"{n:>{width}s}" for n in names) + f"{ratio_name:>{width}s}")
-    ratios = {}
-    for label, key, fmt in rows + [("peak RSS MiB", "peak_rss_mib", "{:,.0f}")]:
-        values = [r[key][0] if isinstance(r[key], list) else r[key] for r in runs]
-        ratio = statistics.fmean(values[0::2]) / statistics.fmean(values[1::2])
-        ratios[key] = ratio
-        print(f"{label:32s}" + "".join(f"{fmt.format(v):>{width}s}" for v in values) + f"{ratio:>{width - 1}.2f}x")
-    print("step split, ms per step:")
-    for part in runs[0]["split_s"]:
-        print(f"  {part:30s}" + "".join(f"{1000 * r['split_s'][part]:>{width}.1f}" for r in runs))
-    return ratios
 
 
 def main() -> None:
@@ -181,12 +126,14 @@ def main() -> None:
         for side in ("ours", "wenet"):
             run_dir = os.path.join(args.work_dir, f"r{i + 1}_{side}")
             os.makedirs(run_dir, exist_ok=True)
-            result[side] = run_ours(args, run_dir) if side == "ours" else run_wenet(args, data, wenet_config, run_dir)
+            result[side] = (run_bench_train(BENCH_TRAIN, args.config, args.num_utts, args.work_dir, run_dir,
+                                            args.override_config, timeout_s=args.timeout_s)
+                            if side == "ours" else run_wenet(args, data, wenet_config, run_dir))
             print(f"round {i + 1} {side}: {result[side]['frames_per_s']:,.0f} frames/s, peak RSS "
                   f"{result[side]['peak_rss_mib'][0]:,.0f} MiB", flush=True)
         rounds.append(result)
     # 3. the table and the ratios
-    ratios = print_table(rounds)
+    ratios = print_side_by_side(rounds)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"config": args.config, "wenet_config": args.wenet_config, "num_utts": args.num_utts,

@@ -1,8 +1,10 @@
 """Training-speed measurement: a per-step clock that splits each optimizer step into parts, the summary of such
-steps over ranks, peak resident memory, a measured matrix-multiply rate and a model's counted FLOPs.
+steps over ranks, peak resident memory, a measured matrix-multiply rate and a model's counted FLOPs; running one
+benchmark run as a subprocess, and the side-by-side table of two variants.
 
 Used by ``benchmarks/bench_train.py`` (this toolkit's trainer) and ``benchmarks/wenet_probe.py`` (the same records
-from another toolkit's trainer), so both sides of a comparison are counted by one definition. Only the standard
+from another toolkit's trainer), so both sides of a comparison are counted by one definition, and by
+``benchmarks/bench_vs_wenet.py`` and ``benchmarks/bench_ab.py`` (which run and compare them). Only the standard
 library and torch are imported here.
 
 A step record (one dict per optimizer step and rank) holds seconds per part (:data:`PARTS`), ``wall`` (seconds from
@@ -18,11 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
+import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -327,3 +333,62 @@ def summarize_run(ranks: list[dict], frame_shift_s: float, warmup: int) -> dict:
         / (ceiling / len(ranks)),
         "ranks": ranks})
     return summary
+
+
+def run_logged(cmd: list[str], log_path: str, timeout_s: float, env: Optional[dict] = None,
+               cwd: Optional[str] = None) -> None:
+    """Run ``cmd`` with its stdout and stderr in ``log_path``; raises ``SystemExit`` naming the command, its exit
+    status and the log's tail when it fails (``subprocess.TimeoutExpired`` after ``timeout_s`` seconds)."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, cwd=cwd)
+    if proc.returncode != 0:
+        with open(log_path, encoding="utf-8") as log:
+            raise SystemExit(f"{cmd[:4]} failed (exit {proc.returncode}); {log_path}:\n{log.read()[-3000:]}")
+
+
+def run_bench_train(bench_train: str, config: str, num_utts: int, work_dir: str, run_dir: str,
+                    overrides: Iterable[str] = (), env: Optional[dict] = None, timeout_s: float = 1800.0) -> dict:
+    """One run of 1 process of the script ``bench_train`` (``benchmarks/bench_train.py`` of a checkout of this
+    repository, whose folder goes first on ``PYTHONPATH`` so that checkout runs its own code) on the data files
+    it prepared in ``work_dir``, with trainer ``overrides`` and ``env`` added; its log and JSON go to ``run_dir``.
+    Returns the run's summary (:func:`summarize_run`)."""
+    source = os.path.dirname(os.path.dirname(os.path.abspath(bench_train)))
+    out = os.path.join(run_dir, "result.json")
+    cmd = [sys.executable, bench_train, "--config", config, "--num_utts", str(num_utts), "--steps", "0",
+           "--nproc", "1", "--work_dir", work_dir, "--json", out, "--timeout_s", str(timeout_s)]
+    for override in overrides:
+        cmd += ["--override_config", override]
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
+    run_logged(cmd, os.path.join(run_dir, "bench.log"), timeout_s + 600, env, cwd=source)
+    with open(out, encoding="utf-8") as f:
+        return next(iter(json.load(f)["runs"].values()))
+
+
+def print_side_by_side(rounds: list[dict], sides: tuple[str, str] = ("ours", "wenet"),
+                       labels: tuple[str, str] = ("ours", "WeNet")) -> dict:
+    """Print the per-round figures of the two ``sides`` (keys of each round, values :func:`summarize_run`
+    summaries) and the ratios of their means (first / second); returns the ratios by summary key."""
+    rows = [("input frames/s", "frames_per_s", "{:,.0f}"), ("audio-s/s", "audio_s_per_s", "{:.1f}"),
+            ("epoch frames/s (first step in)", "epoch_frames_per_s", "{:,.0f}"),
+            ("step s (median)", "step_s_median", "{:.3f}"),
+            ("launch to first step s", "launch_to_first_step_s", "{:.1f}"),
+            ("padding share of computed frames", "padding_fraction", "{:.1%}"),
+            ("fraction of matmul ceiling", "ceiling_fraction", "{:.1%}"), ("peak RSS MiB", "peak_rss_mib", "{:,.0f}")]
+    first, second = (rounds[0][side] for side in sides)
+    print(f"{labels[0]}: {first['params']:,} parameters, {first['steps']} steps per run; "
+          f"{labels[1]}: {second['params']:,}, {second['steps']}")
+    names = [f"{label} r{i + 1}" for i in range(len(rounds)) for label in labels]
+    runs = [r[side] for r in rounds for side in sides]
+    ratio_name = f"{labels[0]}/{labels[1]}"
+    width = max(12, max(map(len, names + [ratio_name])) + 2)
+    print(f"{'':32s}" + "".join(f"{n:>{width}s}" for n in names) + f"{ratio_name:>{width}s}")
+    ratios = {}
+    for label, key, fmt in rows:
+        values = [r[key][0] if isinstance(r[key], list) else r[key] for r in runs]
+        ratios[key] = statistics.fmean(values[0::2]) / statistics.fmean(values[1::2])
+        print(f"{label:32s}" + "".join(f"{fmt.format(v):>{width}s}" for v in values)
+              + f"{ratios[key]:>{width - 1}.2f}x")
+    print("step split, ms per step:")
+    for part in runs[0]["split_s"]:
+        print(f"  {part:30s}" + "".join(f"{1000 * r['split_s'][part]:>{width}.1f}" for r in runs))
+    return ratios
