@@ -263,7 +263,8 @@ def finish_rank(clock: StepClock, model: torch.nn.Module, last_inputs: tuple, la
                 device: torch.device, launch_time: float, train_start: float) -> dict:
     """This rank's record once its timed epoch is over. Collective: every rank calls it (two barriers on the
     default process group). Peak memory is read first; then all ranks measure the matmul rate together, as they
-    trained; then rank 0 counts the FLOPs of a copy of ``model`` (unwrapped, training mode) on ``last_inputs``.
+    trained; then rank 0 counts the FLOPs of a copy of ``model`` (unwrapped, training mode, activation checkpointing
+    off) on ``last_inputs``.
 
     Args:
         last_inputs: the arguments of the last trained forward; ``last_frames``: its (real, padded) input frames.
@@ -290,7 +291,12 @@ def finish_rank(clock: StepClock, model: torch.nn.Module, last_inputs: tuple, la
     record["matmul_gflops"] = matmul_gflops(device=device)
     dist.barrier()
     if rank == 0:
-        record["flops"] = {**count_train_flops(copy.deepcopy(model), last_inputs),
+        counted = copy.deepcopy(model)
+        # NOTE: model FLOPs, as MFU counts them (Chowdhery et al., 2022, PaLM, arXiv:2204.02311, appendix B): the
+        # forward that activation checkpointing repeats in the backward is work the model does not need.
+        if hasattr(counted, "set_activation_checkpointing"):
+            counted.set_activation_checkpointing(False)
+        record["flops"] = {**count_train_flops(counted, last_inputs),
                            "batch_frames": last_frames[0], "batch_padded_frames": last_frames[1]}
     return record
 
