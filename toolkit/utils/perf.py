@@ -242,13 +242,20 @@ def matmul_gflops(sizes: tuple = (512, 1024, 2048), min_s: float = 0.3, dtype: t
 def count_train_flops(model: torch.nn.Module, inputs: tuple, loss_key: str = "loss") -> dict:
     """FLOPs of one forward and backward pass of ``model(*inputs)[loss_key]``, counted by
     ``torch.utils.flop_counter.FlopCounterMode`` from the operators' shapes (matrix products, convolutions and
-    attention kernels; element-wise operations count 0). The model's gradients are left set: pass a copy.
+    attention kernels; element-wise operations count 0). The model's gradients are left set and its activation
+    checkpointing is turned off: pass a copy.
+
+    These are the model's FLOPs, as MFU counts them (Chowdhery et al., 2022, PaLM, arXiv:2204.02311, appendix B):
+    the forward that activation checkpointing repeats in the backward is work the model does not need, so it is
+    not counted.
 
     Returns:
         ``{"total": FLOPs, "by_module": {child module name: FLOPs}}`` (direct children of ``model``).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
+    if hasattr(model, "set_activation_checkpointing"):
+        model.set_activation_checkpointing(False)
     with FlopCounterMode(display=False, depth=2) as counter:
         out = model(*inputs)
         out[loss_key].backward()
@@ -263,8 +270,7 @@ def finish_rank(clock: StepClock, model: torch.nn.Module, last_inputs: tuple, la
                 device: torch.device, launch_time: float, train_start: float) -> dict:
     """This rank's record once its timed epoch is over. Collective: every rank calls it (two barriers on the
     default process group). Peak memory is read first; then all ranks measure the matmul rate together, as they
-    trained; then rank 0 counts the FLOPs of a copy of ``model`` (unwrapped, training mode, activation checkpointing
-    off) on ``last_inputs``.
+    trained; then rank 0 counts the FLOPs of a copy of ``model`` (unwrapped, training mode) on ``last_inputs``.
 
     Args:
         last_inputs: the arguments of the last trained forward; ``last_frames``: its (real, padded) input frames.
@@ -291,12 +297,7 @@ def finish_rank(clock: StepClock, model: torch.nn.Module, last_inputs: tuple, la
     record["matmul_gflops"] = matmul_gflops(device=device)
     dist.barrier()
     if rank == 0:
-        counted = copy.deepcopy(model)
-        # NOTE: model FLOPs, as MFU counts them (Chowdhery et al., 2022, PaLM, arXiv:2204.02311, appendix B): the
-        # forward that activation checkpointing repeats in the backward is work the model does not need.
-        if hasattr(counted, "set_activation_checkpointing"):
-            counted.set_activation_checkpointing(False)
-        record["flops"] = {**count_train_flops(counted, last_inputs),
+        record["flops"] = {**count_train_flops(copy.deepcopy(model), last_inputs),
                            "batch_frames": last_frames[0], "batch_padded_frames": last_frames[1]}
     return record
 
