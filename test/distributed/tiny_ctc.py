@@ -1,7 +1,8 @@
 """Real batches for engine tests: 80-bin fbank of the tiny_fsdd recordings and their transcripts as characters.
 
 The model is a deliberately small CTC model (two linear layers) so that engine tests run in seconds; the engine
-never sees anything but ``model(feats, feats_lengths, target, target_lengths) -> {"loss": ...}``.
+never sees anything but ``model(feats, feats_lengths, target, target_lengths) -> {"loss": ...}``. ``TinyConformer`` is
+the recipe's tiny conformer, for tests of what the model's layers do under an engine.
 """
 
 import os
@@ -11,6 +12,10 @@ import numpy as np
 import soundfile as sf
 import torch
 import torch.nn.functional as F
+
+from toolkit.config import read_config
+from toolkit.models.registry import init_model
+from toolkit.models.transformer.asr_model import ASRModel
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = os.path.join(REPO, "corpora", "tiny_fsdd")
@@ -75,6 +80,16 @@ class TinyLinear(torch.nn.Module):
         valid = torch.arange(feats.size(1)).unsqueeze(0) < feats_lengths.unsqueeze(1)  # (B, T)
         frames = self.score(feats / 10).squeeze(2) * valid  # (B, T)
         return {"loss": (frames.sum(1) / feats_lengths).mean()}
+
+
+class TinyConformer(ASRModel):
+    """The recipe's tiny conformer (``train_tiny.yaml``: 2 blocks x 96, dropout 0.1, one decoder block) over UNITS,
+    without CMVN."""
+
+    def __init__(self):
+        config = read_config(os.path.join(REPO, "examples", "english", "s0", "conf", "train_tiny.yaml"), ["cmvn null"])
+        parts = init_model(config, 80, len(UNITS))
+        super().__init__(len(UNITS), parts.encoder, parts.decoder, parts.ctc, **config.model_conf)
 
 
 def prepared_ddp_engine(ctx, train_conf: dict):

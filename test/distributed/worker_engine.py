@@ -4,6 +4,7 @@ or resuming a checkpoint, and writes a JSON report (per-step losses, steps, para
     worker_engine.py OUT_DIR BATCHES_RANK0 BATCHES_RANK1 [--engine deepspeed --stage 2] [--skip N]
         [--save PATH [--save_after N]] [--resume PATH] [--drop_shards]
         [--join_mode monitored_barrier --join_timeout_s S] [--optim sgd --grad_clip 0 --record_bound]
+        [--model conformer [--activation_checkpointing]]
 
 ``--record_bound`` (torch_ddp, ``--model linear --optim sgd``) also reports ``bound``: per parameter element, how far another
 engine's result may lie from this one by float32 rounding alone (see :class:`RoundingBound`).
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import TinyCTC, TinyLinear, executor_for, make_batch, utterances  # noqa: E402
+from tiny_ctc import TinyConformer, TinyCTC, TinyLinear, executor_for, make_batch, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import init_join  # noqa: E402
@@ -47,7 +48,8 @@ parser.add_argument("--join_mode", default="flag")
 parser.add_argument("--join_timeout_s", type=float, default=30.0)
 parser.add_argument("--optim", default="adam", choices=("adam", "sgd"))
 parser.add_argument("--grad_clip", type=float, default=5.0)
-parser.add_argument("--model", default="ctc", choices=("ctc", "linear"))
+parser.add_argument("--model", default="ctc", choices=("ctc", "linear", "conformer"))
+parser.add_argument("--activation_checkpointing", action="store_true", help="--model conformer: checkpoint its layers")
 parser.add_argument("--record_bound", action="store_true")
 args = parser.parse_args()
 
@@ -110,7 +112,7 @@ class RoundingBound:
         return {name: b.flatten().tolist() for (name, _), b in zip(self.named, self.bound)}
 
 
-class Recording(TinyLinear if args.model == "linear" else TinyCTC):
+class Recording({"ctc": TinyCTC, "linear": TinyLinear, "conformer": TinyConformer}[args.model]):
     """The model under test, remembering each training forward's loss and the wall time between calls."""
 
     def __init__(self):
@@ -143,6 +145,8 @@ if ctx.is_main:
 torch.distributed.barrier()
 bound = None
 model = Recording()
+if args.activation_checkpointing:
+    model.set_activation_checkpointing(True)
 if args.optim == "adam":
     optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
                                                         {"warmup_steps": 2})

@@ -109,8 +109,9 @@ def main(argv=None) -> None:
     config = dataclasses.replace(config, output_dim=tokenizer.vocab_size())
     train_set, train_loader, cv_set, cv_loader = init_dataset_and_dataloader(
         args.train_data, args.cv_data, tokenizer, config.dataset_conf, ctx.rank, ctx.world_size, train_conf.seed)
-    # 4. model, its TorchScript check and parameter count
+    # 4. model (train_conf says whether its layers recompute activations in backward), TorchScript check, size
     model = init_model(config)
+    model.set_activation_checkpointing(train_conf.activation_checkpointing)
     trace_and_print_model(model, log=main_process_only(logging.info))
     # 5. optimizer and LR scheduler, then the engine: DDP or DeepSpeed on this rank's device
     optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), config.optim, config.optim_conf,

@@ -31,6 +31,8 @@ class TrainConf:
         keep_best_n: ... and never delete the N epochs with the lowest cv_loss (what averaging picks).
         join_mode, join_timeout_s: how ranks with uneven data stop together (:mod:`toolkit.distributed.join`);
             the timeout (seconds) is used by ``monitored_barrier`` only.
+        activation_checkpointing: recompute each encoder and decoder layer's activations in the backward pass
+            instead of keeping them (less memory, one more forward of the layers; the same loss and gradients).
     """
 
     SECTION: ClassVar[str] = "train_conf"
@@ -46,6 +48,7 @@ class TrainConf:
     keep_best_n: int = 5
     join_mode: Literal[JOIN_MODES] = "flag"
     join_timeout_s: float = 30.0
+    activation_checkpointing: bool = False
 
     def __post_init__(self):
         for key in ("max_epoch", "accum_grad", "log_interval"):

@@ -248,13 +248,20 @@ def matmul_gflops(sizes: tuple = (512, 1024, 2048), min_s: float = 0.3, dtype: t
 def count_train_flops(model: torch.nn.Module, inputs: tuple, loss_key: str = "loss") -> dict:
     """FLOPs of one forward and backward pass of ``model(*inputs)[loss_key]``, counted by
     ``torch.utils.flop_counter.FlopCounterMode`` from the operators' shapes (matrix products, convolutions and
-    attention kernels; element-wise operations count 0). The model's gradients are left set: pass a copy.
+    attention kernels; element-wise operations count 0). The model's gradients are left set and its activation
+    checkpointing is turned off: pass a copy.
+
+    These are the model's FLOPs, as MFU counts them (Chowdhery et al., 2022, PaLM, arXiv:2204.02311, appendix B):
+    the forward that activation checkpointing repeats in the backward is work the model does not need, so it is
+    not counted.
 
     Returns:
         ``{"total": FLOPs, "by_module": {child module name: FLOPs}}`` (direct children of ``model``).
     """
     from torch.utils.flop_counter import FlopCounterMode
 
+    if hasattr(model, "set_activation_checkpointing"):
+        model.set_activation_checkpointing(False)
     with FlopCounterMode(display=False, depth=2) as counter:
         out = model(*inputs)
         out[loss_key].backward()

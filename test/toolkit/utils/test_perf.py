@@ -2,7 +2,10 @@
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from toolkit.config import Config
+from toolkit.models.registry import init_model
 from toolkit.utils.perf import PARTS, StepClock, count_train_flops, summarize_steps
 
 
@@ -54,3 +57,17 @@ def test_counted_flops_of_a_linear_layer():
     flops = count_train_flops(_Affine(), (torch.randn(3, 8, requires_grad=True),))
     assert flops["total"] == 3 * 192
     assert flops["by_module"] == {"proj": 3 * 192}
+
+
+def test_counted_flops_leave_out_the_recomputation_of_activation_checkpointing():
+    config = Config(cmvn=None, encoder="transformer", decoder="transformer",
+                    encoder_conf=dict(output_size=32, attention_heads=2, linear_units=64, num_blocks=2),
+                    decoder_conf=dict(attention_heads=2, linear_units=64, num_blocks=1))
+    model = init_model(config, 80, 10)
+    inputs = (torch.randn(2, 100, 80), torch.tensor([100, 80]), torch.tensor([[2, 3], [4, 5]]), torch.tensor([2, 1]))
+    plain = count_train_flops(model, inputs)["total"]
+    model.set_activation_checkpointing(True)
+    with FlopCounterMode(display=False) as executed:
+        model(*inputs)["loss"].backward()
+    assert executed.get_total_flops() > plain  # the layers' forwards ran twice
+    assert count_train_flops(model, inputs)["total"] == plain

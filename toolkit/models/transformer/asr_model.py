@@ -80,6 +80,13 @@ class ASRModel(nn.Module):
         (``find_unused_parameters``)."""
         return not 0.0 < self.ctc_weight < 1.0
 
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Checkpoint each encoder and decoder layer (``train_conf.activation_checkpointing``): in training mode
+        with gradients enabled a layer keeps only its inputs and recomputes its activations in the backward pass
+        (see :mod:`toolkit.models.activation_checkpointing`); evaluation, decoding and TorchScript are unchanged."""
+        self.encoder.activation_checkpointing = enabled
+        self.decoder.activation_checkpointing = enabled
+
     def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor, target: torch.Tensor,
                 target_lengths: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
         """Training loss for a batch.

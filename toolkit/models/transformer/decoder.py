@@ -5,6 +5,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from toolkit.models.activation_checkpointing import checkpointed
 from toolkit.models.transformer.attention import MultiHeadedAttention
 from toolkit.models.transformer.decoder_layer import DecoderLayer
 from toolkit.models.transformer.embedding import PositionalEncoding
@@ -43,6 +44,10 @@ class TransformerDecoder(nn.Module):
         self.normalize_before = normalize_before
         self.after_norm = nn.LayerNorm(size, eps=1e-12) if normalize_before else None
         self.output_layer = nn.Linear(size, vocab_size)
+        self.activation_checkpointing = False  # set by ASRModel.set_activation_checkpointing
+
+    def extra_repr(self) -> str:
+        return f"activation_checkpointing={self.activation_checkpointing}"
 
     def forward(self, memory: torch.Tensor, memory_mask: torch.Tensor, ys_in_pad: torch.Tensor,
                 ys_in_lens: torch.Tensor) -> torch.Tensor:
@@ -62,7 +67,12 @@ class TransformerDecoder(nn.Module):
                     & subsequent_mask(length, ys_in_pad.device).unsqueeze(0))
         x, _ = self.pos_enc(self.embed(ys_in_pad))
         for layer in self.decoders:
-            x = layer(x, tgt_mask, memory, memory_mask)
+            # NOTE: TorchScript compiles only the else branch (is_scripting() is a constant there).
+            if not torch.jit.is_scripting() and self.activation_checkpointing and self.training \
+                    and torch.is_grad_enabled():
+                x = checkpointed(layer, x, tgt_mask, memory, memory_mask)
+            else:
+                x = layer(x, tgt_mask, memory, memory_mask)
         if self.after_norm is not None:
             x = self.after_norm(x)
         return self.output_layer(x)

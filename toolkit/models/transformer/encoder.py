@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from toolkit.models.activation_checkpointing import checkpointed
 from toolkit.models.transformer.attention import (MultiHeadedAttention,
                                                   RelPositionMultiHeadedAttention)
 from toolkit.models.transformer.convolution import ConvolutionModule
@@ -65,6 +66,10 @@ class BaseEncoder(nn.Module):
         # Post-norm layers already end in a LayerNorm.
         self.after_norm = nn.LayerNorm(output_size, eps=1e-12) if normalize_before else None
         self.encoders = nn.ModuleList()
+        self.activation_checkpointing = False  # set by ASRModel.set_activation_checkpointing
+
+    def extra_repr(self) -> str:
+        return f"activation_checkpointing={self.activation_checkpointing}"
 
     def output_size(self) -> int:
         """Model size of the encoder output."""
@@ -97,7 +102,12 @@ class BaseEncoder(nn.Module):
             xs = self.global_cmvn(xs)
         xs, pos_emb, masks = self.embed(xs, masks)
         for layer in self.encoders:
-            xs = layer(xs, masks, pos_emb, masks)
+            # NOTE: TorchScript compiles only the else branch (is_scripting() is a constant there).
+            if not torch.jit.is_scripting() and self.activation_checkpointing and self.training \
+                    and torch.is_grad_enabled():
+                xs = checkpointed(layer, xs, masks, pos_emb, masks)
+            else:
+                xs = layer(xs, masks, pos_emb, masks)
         if self.after_norm is not None:
             xs = self.after_norm(xs)
         return xs, masks
