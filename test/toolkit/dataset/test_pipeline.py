@@ -299,9 +299,10 @@ def entry_key(data_list, line_index):
         return json.loads(f.readlines()[line_index])["key"]
 
 
-def epoch_batches(data_list, tokenizer, world_size, num_workers, consumed=None, epoch=1):
+def epoch_batches(data_list, tokenizer, world_size, num_workers, consumed=None, epoch=1, batch_conf=None):
     """Every rank's batches of ``epoch`` (rank by rank, in loader order) and the skip counts they carry."""
     conf = {**CHUNK_CONF, "dataloader_conf": {"num_workers": num_workers, "prefetch_factor": 2}}
+    conf["batch_conf"] = batch_conf or conf["batch_conf"]
     per_rank, skipped = [], Counter()
     for rank in range(world_size):
         dataset = build_dataset(data_list, tokenizer, conf, rank=rank, world_size=world_size)
@@ -328,21 +329,24 @@ def test_chunks_shrink_to_one_batch_and_the_dealing_evens_out_the_ranks():
     assert chunk_sizes(82, resolve_dataset_conf({"batch_conf": {"batch_type": "bucket"}})) == [32, 32, 18]
 
 
-def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(data_list, tokenizer):
-    (alone,), skipped = epoch_batches(data_list, tokenizer, 1, 0)
+@pytest.mark.parametrize("batch_conf", [CHUNK_CONF["batch_conf"], {"batch_type": "bucket", "bucket_boundaries": [60],
+                                                                    "bucket_batch_sizes": [4, 2]}])
+def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(data_list, tokenizer, batch_conf):
+    (alone,), skipped = epoch_batches(data_list, tokenizer, 1, 0, batch_conf=batch_conf)
     assert skipped == {"unknown_token": 8}
     keys = [key for batch in alone for key in batch["keys"]]
     assert sorted(keys) == sorted(e["key"] for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"])
     reference = {tuple(batch["position"]): batch for batch in alone}
     for world_size, num_workers in ((2, 0), (3, 2)):
-        per_rank, got_skipped = epoch_batches(data_list, tokenizer, world_size, num_workers)
+        per_rank, got_skipped = epoch_batches(data_list, tokenizer, world_size, num_workers, batch_conf=batch_conf)
         assert got_skipped == skipped and all(per_rank)
         got = {tuple(batch["position"]): batch for batch in itertools.chain(*per_rank)}
         assert got.keys() == reference.keys()
         for position, batch in got.items():
             assert batch["keys"] == reference[position]["keys"], position
             assert torch.equal(batch["feats"], reference[position]["feats"]), position
-    assert epoch_batches(data_list, tokenizer, 1, 0, epoch=2)[0][0][0]["keys"] != alone[0]["keys"]  # reshuffled
+    next_epoch = epoch_batches(data_list, tokenizer, 1, 0, epoch=2, batch_conf=batch_conf)[0][0]
+    assert next_epoch[0]["keys"] != alone[0]["keys"]  # reshuffled
 
 
 def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_chunk(data_list, tokenizer,
