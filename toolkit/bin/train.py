@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 
@@ -39,7 +38,7 @@ from toolkit.distributed.main_only import main_process_only, run_on_main
 from toolkit.distributed.shared_dir import check_shared_dir
 from toolkit.engine import ENGINE_CHOICES, Engine, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
-from toolkit.engine.executor import Executor, require_utterances
+from toolkit.engine.executor import Executor, data_signature, require_utterances
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
@@ -124,8 +123,8 @@ def main(argv=None) -> None:
     # 7. the executor (join, checkpoints with its saver hooks); resume, or save the initial model
     join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s,
                      is_empty=lambda batch: len(batch["keys"]) == 0)
-    signature = json.dumps([ctx.world_size, args.train_data, config.to_dict()["dataset_conf"],
-                            train_conf.accum_grad], sort_keys=True)
+    signature = data_signature(None if train_set.resumes_on_any_world_size else ctx.world_size, args.train_data,
+                               config.to_dict()["dataset_conf"], train_conf.accum_grad)
     executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
                         config.dataset_conf.fbank_conf.frame_shift_s, signature,
                         count_utterances(args.train_data, config.dataset_conf.data_type))

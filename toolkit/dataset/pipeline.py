@@ -3,7 +3,8 @@
 ``dataset_conf.data_type`` names what a data.list line is: ``raw``, a JSON utterance
 ``{"key", "wav", "txt"[, "start", "end"]}`` (``tools/make_raw_list.py``), or ``shard``, a tar shard of many
 utterances, ``{"shard": path, "num_utts": N}`` (``tools/make_shard_list.py``, format in
-:mod:`toolkit.dataset.shard`). Either way the lines are the unit of the rank/worker partition.
+:mod:`toolkit.dataset.shard`). Either way the lines are the unit of the rank/worker partition, in chunks (see
+:class:`AsrDataset`).
 
 The batch dict is the one contract between the dataset and the model (the dataset produces it, training and
 decoding consume it)::
@@ -13,14 +14,20 @@ decoding consume it)::
     feats_lengths:  int64 (B,)
     target:         int64 (B, L) token ids padded with IGNORE_ID (-1)
     target_lengths: int64 (B,)
-    num_skipped:    dict[str, int] utterances dropped by this dataloader worker since its previous batch, by reason
+    num_skipped:    dict[str, int] utterances dropped since the previous batch of the same chunk, by reason
+    position:       [chunk, index, last]: the chunk of the epoch the batch comes from, its index among the
+                    chunk's batches, and whether it is the chunk's last (what a mid-epoch resume counts)
 
-A worker whose every remaining sample was skipped yields one batch with B=0 (``feats`` of shape ``(0, 0, D)``,
+A chunk whose every remaining sample was skipped yields one batch with B=0 (``feats`` of shape ``(0, 0, D)``,
 ``target`` of shape ``(0, 0)``) so that its skip counts are not lost; consumers must read ``num_skipped`` and
-then skip B=0 batches. Skip reasons: ``bad_line``, ``missing_audio``, ``unreadable_audio``, ``empty_audio``,
-``non_finite_audio``, ``empty_text``, ``all_unknown``, ``unknown_token``, ``too_short``, ``too_long``,
-``too_few_tokens``, ``too_many_tokens``, ``ratio_too_small``, ``ratio_too_large``, ``non_finite_feats``, and for
-shards ``missing_shard``, ``corrupt_shard``, ``corrupt_member``; each skip is also logged as a warning naming the key
+then skip B=0 batches. In an epoch resumed with :meth:`AsrDataset.set_epoch` ``consumed``, each batch the
+checkpoint already accounted for comes back as ``{"replayed": True}`` alone, so that the DataLoader's round robin
+over its workers replays the interrupted run's order; consumers drop these.
+
+Skip reasons: ``bad_line``, ``missing_audio``, ``unreadable_audio``, ``empty_audio``, ``non_finite_audio``,
+``empty_text``, ``all_unknown``, ``unknown_token``, ``too_short``, ``too_long``, ``too_few_tokens``,
+``too_many_tokens``, ``ratio_too_small``, ``ratio_too_large``, ``non_finite_feats``, and for shards
+``missing_shard``, ``corrupt_shard``, ``corrupt_member``; each skip is also logged as a warning naming the key
 (or the shard). Every count is in utterances: a lost shard counts the utterances its data.list line records (see
 :mod:`toolkit.dataset.shard`). (The trainer adds ``too_few_encoder_frames`` and ``non_finite_loss`` for utterances
 the model could not score, see :mod:`toolkit.engine.executor`.)
@@ -29,10 +36,11 @@ The model is called as ``model(feats, feats_lengths, target, target_lengths)``.
 """
 import dataclasses
 import functools
+import heapq
 import logging
 import random
 from collections import Counter
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -89,17 +97,76 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
     return processor.padding(batches, num_skipped, fbank.num_mel_bins)
 
 
+# NOTE: each chunk holds at most 1/CHUNK_SHARE of the lines still to come in the epoch, so the epoch ends in chunks
+# of one batch and the least-loaded dealing evens the ranks out to about one batch, for up to ~10 ranks (beyond, the
+# spread grows toward one sort buffer, dropped at the join). The smaller chunks near the end sort fewer utterances
+# together: with 8, the recipe's 6,016 training utterances (batches of 8, sort_size 500) make 5 % more frames (real
+# plus padding) than one worker's rolling sort buffer did (16 would make 13 %), 100,000 utterances 1 % fewer, since a
+# batch never straddles two sort buffers (benchmarks/bench_chunks.py, from the corpora's audio headers).
+CHUNK_SHARE = 8
+
+
+def chunk_sizes(num_lines: int, conf: DatasetConf) -> List[int]:
+    """Lines per chunk of a training epoch over raw lines with static or bucket batching, in epoch order; they
+    depend on ``num_lines`` and ``conf`` alone, never on the world size.
+
+    A chunk is one sort buffer (``sort_conf.sort_size`` lines; with static batching and ``sort`` off, one batch),
+    and at most ``1 / CHUNK_SHARE`` of the lines left, in whole batches (``batch_size``, for buckets the largest
+    bucket batch), and at least one batch; the last one takes what is left.
+    """
+    batch = conf.batch_conf
+    unit = batch.batch_size if batch.batch_type == "static" else max(batch.bucket_batch_sizes)
+    largest = batch.batch_size if batch.batch_type == "static" and not conf.sort else conf.sort_conf.sort_size
+    sizes, left = [], num_lines
+    while left > 0:
+        sizes.append(min(left, max(unit, min(largest, left // CHUNK_SHARE) // unit * unit)))
+        left -= sizes[-1]
+    return sizes
+
+
+def deal_chunks(sizes: List[int], world_size: int) -> List[int]:
+    """The rank of each chunk: in order, each goes to the rank holding the fewest lines so far (the lowest rank on a
+    tie), so that ranks end the epoch with about the same number of batches."""
+    loads = [(0, rank) for rank in range(world_size)]
+    ranks = []
+    for size in sizes:
+        load, rank = heapq.heappop(loads)
+        ranks.append(rank)
+        heapq.heappush(loads, (load + size, rank))
+    return ranks
+
+
+def _with_last(items: Iterator) -> Iterator[Tuple[object, bool]]:
+    """``(item, is_last)`` for each item of ``items`` (one item of look-ahead)."""
+    pending = sentinel = object()
+    for item in items:
+        if pending is not sentinel:
+            yield pending, False
+        pending = item
+    if pending is not sentinel:
+        yield pending, True
+
+
 class AsrDataset(IterableDataset):
     """Iterable over batch dicts for one rank; see the module docstring for the batch contract.
 
-    Partition: each pass, the line order is (train mode with ``shuffle``) a permutation seeded by
-    ``seed + epoch``, identical on all ranks; position ``i`` goes to global worker
-    ``i % (world_size * num_workers)``, global worker = ``rank * num_workers + worker_id``. Every line is
-    thus read by exactly one rank and one worker per epoch; ranks may get unequal counts (logged by
-    :func:`build_dataset`). With shards the unit is a whole shard, read in order by its worker.
+    Each pass, the line order is (train mode with ``shuffle``) a permutation seeded by ``seed + epoch``, identical
+    on all ranks, then cut into chunks; each chunk is read, shuffled, decoded, sorted and batched by one loader
+    worker of one rank, with a random generator of its own (``seed``, epoch, chunk), so every line is read by
+    exactly one rank and one worker per epoch and a chunk's batches do not depend on who reads it.
 
-    The epoch of a pass is the last :meth:`set_epoch` value plus the passes this copy of the dataset has made
-    since, so persistent DataLoader workers (whose copy never sees ``set_epoch``) still reshuffle each epoch.
+    * Training on raw lines with static or bucket batching (:attr:`resumes_on_any_world_size`): the chunks are
+      consecutive runs of the order (:func:`chunk_sizes`), dealt to ranks by :func:`deal_chunks` and, within a
+      rank, to its workers in turn. The epoch's batches are then the same for every world size; a mid-epoch
+      checkpoint resumes on any number of ranks.
+    * Otherwise (shards, whose lines are read sequentially and cannot be cut finer; dynamic batching, whose
+      batches have no size in lines to cut chunks to; cross-validation and test): chunk ``g`` is global worker
+      ``g``'s share, positions ``i`` with ``i % (world_size * num_workers) == g``, global worker =
+      ``rank * num_workers + worker_id``. With shards the unit is a whole shard, read in order by its worker.
+
+    Ranks may get unequal line counts (logged by :func:`build_dataset`). The epoch of a pass is the last
+    :meth:`set_epoch` value plus the passes this copy of the dataset has made since, so persistent DataLoader
+    workers (whose copy never sees ``set_epoch``) still reshuffle each epoch.
     """
 
     def __init__(self, lines: List[str], tokenizer, conf: DatasetConf, mode: str, rank: int, world_size: int,
@@ -114,46 +181,85 @@ class AsrDataset(IterableDataset):
         self.seed = seed
         self.epoch = 0
         self._passes_since_set_epoch = 0
+        self._consumed: Dict[int, Tuple[int, bool]] = {}
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the shuffling/augmentation seed for the next pass (call before each epoch)."""
+    @property
+    def resumes_on_any_world_size(self) -> bool:
+        """Whether the epoch's batches are the same for every world size (so a mid-epoch position holds on any)."""
+        return self.mode == "train" and self.conf.data_type == "raw" and self.conf.batch_conf.batch_type != "dynamic"
+
+    def set_epoch(self, epoch: int, consumed: Optional[Dict[int, Tuple[int, bool]]] = None) -> None:
+        """Select the shuffling/augmentation seed for the next pass (call before each epoch).
+
+        ``consumed``, for an epoch resumed inside: ``{chunk: (batches, done)}``, the first ``batches`` batches of
+        each chunk the checkpoint accounted for, ``done`` when they were all of the chunk's (see the ``position``
+        of a batch). Those batches come back as ``{"replayed": True}``; a done chunk is not read at all.
+        """
         self.epoch = epoch
         self._passes_since_set_epoch = 0
+        self._consumed = dict(consumed or {})
 
-    def __iter__(self) -> Iterator[dict]:
-        epoch = self.epoch + self._passes_since_set_epoch
-        self._passes_since_set_epoch += 1
-        info = get_worker_info()
-        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        global_worker = self.rank * num_workers + worker_id
-        total_workers = self.world_size * num_workers
+    def chunks(self, epoch: int, num_workers: int) -> List[Tuple[List[int], int]]:
+        """The chunks of ``epoch`` in order: ``(line indices, global worker reading it)`` (``num_workers`` 0
+        counts as 1)."""
         order = list(range(len(self.lines)))
         if self.mode == "train" and self.conf.shuffle:
             random.Random(self.seed + epoch).shuffle(order)
-        mine = [self.lines[i] for pos, i in enumerate(order) if pos % total_workers == global_worker]
-        if not mine:
+        workers = max(1, num_workers)
+        if not self.resumes_on_any_world_size:
+            total = self.world_size * workers
+            return [(order[g::total], g) for g in range(total)]
+        sizes = chunk_sizes(len(order), self.conf)
+        dealt = Counter()  # chunks each rank has got so far
+        chunks, start = [], 0
+        for size, rank in zip(sizes, deal_chunks(sizes, self.world_size)):
+            chunks.append((order[start:start + size], rank * workers + dealt[rank] % workers))
+            dealt[rank] += 1
+            start += size
+        return chunks
+
+    def lines_per_rank(self) -> List[int]:
+        """How many lines each rank reads per epoch (the same every epoch: the permutation changes which lines,
+        not how many)."""
+        workers = max(1, self.conf.dataloader_conf.num_workers)
+        counts = [0] * self.world_size
+        for lines, worker in self.chunks(0, workers):
+            counts[worker // workers] += len(lines)
+        return counts
+
+    def __iter__(self) -> Iterator[dict]:
+        epoch = self.epoch + self._passes_since_set_epoch
+        consumed = self._consumed if self._passes_since_set_epoch == 0 else {}
+        self._passes_since_set_epoch += 1
+        info = get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        me = self.rank * num_workers + worker_id
+        mine = [(chunk, lines) for chunk, (lines, worker) in enumerate(self.chunks(epoch, num_workers)) if worker == me]
+        if not any(lines for _, lines in mine):
             logger.warning("rank %d worker %d has no %s lines this epoch: %d lines for %d workers", self.rank,
-                           worker_id, self.conf.data_type, len(self.lines), total_workers)
-        rng = random.Random(f"{self.seed}:{epoch}:{global_worker}")
-        return _build_pipeline(mine, self.tokenizer, self.conf, self.mode, rng)
+                           worker_id, self.conf.data_type, len(self.lines), self.world_size * num_workers)
+        return (batch for chunk, lines in mine
+                for batch in self._chunk_batches(epoch, chunk, lines, consumed.get(chunk, (0, False))))
+
+    def _chunk_batches(self, epoch: int, chunk: int, lines: List[int], consumed: Tuple[int, bool]) -> Iterator[dict]:
+        num_consumed, done = consumed
+        if done:  # all its batches were accounted for: nothing to read, only their places in the loader's order
+            yield from ({"replayed": True} for _ in range(num_consumed))
+            return
+        rng = random.Random(f"{self.seed}:{epoch}:{chunk}")
+        batches = _build_pipeline([self.lines[i] for i in lines], self.tokenizer, self.conf, self.mode, rng)
+        for index, (batch, last) in enumerate(_with_last(batches)):
+            yield {"replayed": True} if index < num_consumed else dict(batch, position=[chunk, index, last])
 
 
-def lines_per_rank(num_lines: int, world_size: int, num_workers: int) -> List[int]:
-    """How many data.list lines each rank reads per epoch under :class:`AsrDataset`'s partition (the same every
-    epoch: the permutation changes which lines, not how many). ``num_workers`` 0 counts as 1."""
-    total_workers = world_size * max(1, num_workers)
-    per_worker = [len(range(w, num_lines, total_workers)) for w in range(total_workers)]
-    return [sum(per_worker[r * max(1, num_workers):(r + 1) * max(1, num_workers)]) for r in range(world_size)]
-
-
-def _log_partition(data_list_file: str, num_lines: int, conf: DatasetConf, rank: int, world_size: int) -> None:
-    num_workers = conf.dataloader_conf.num_workers
-    counts = lines_per_rank(num_lines, world_size, num_workers)
-    unit = "shards" if conf.data_type == "shard" else "lines"
-    if len(set(counts)) > 1 and rank == 0:
-        # NOTE: uneven shard counts mean uneven batch counts; the trainer's join absorbs them, this says why.
+def _log_partition(data_list_file: str, dataset: AsrDataset) -> None:
+    counts = dataset.lines_per_rank()
+    unit = "shards" if dataset.conf.data_type == "shard" else "lines"
+    if len(set(counts)) > 1 and dataset.rank == 0:
+        # NOTE: uneven counts mean uneven batch counts; the trainer's join absorbs them, this says why.
         logger.info("%s: %d %s do not divide evenly over %d ranks x %d workers; %s per rank: %s", data_list_file,
-                    num_lines, unit, world_size, max(1, num_workers), unit, counts)
+                    len(dataset.lines), unit, dataset.world_size, max(1, dataset.conf.dataloader_conf.num_workers),
+                    unit, counts)
 
 
 def _read_lines(data_list_file: str) -> List[str]:
@@ -249,8 +355,9 @@ def build_dataset(data_list_file: str, tokenizer, conf: DatasetConf | dict | Non
             logger.warning("%s: %d of %d shard lines are bare paths with no utterance count, so a missing or cut "
                            "shard among them is counted as 1 skipped utterance; run tools/make_shard_list.py again "
                            "(it keeps the shards) to record the counts", data_list_file, num_uncounted, len(lines))
-    _log_partition(data_list_file, len(lines), conf, rank, world_size)
-    return AsrDataset(lines, tokenizer, conf, mode, rank, world_size, seed)
+    dataset = AsrDataset(lines, tokenizer, conf, mode, rank, world_size, seed)
+    _log_partition(data_list_file, dataset)
+    return dataset
 
 
 def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None) -> DataLoader:

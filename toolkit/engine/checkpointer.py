@@ -10,7 +10,8 @@ Every method that saves is collective (every rank calls it at the same optimizer
 * Saver hooks: one registry of objects with ``state_dict``/``load_state_dict``. ``main_process_only=True``
   (default): rank 0's state is stored and every rank loads it. ``False``: every rank's state is gathered to rank 0
   and stored per rank in the same ``.pt``, so the one ``.yaml`` commit marker covers all of them; on load each rank
-  takes its own (when the world size changed they are not restored and a warning says so).
+  takes its own. When the world size changed, a hook registered with ``reshard`` builds each new rank's state
+  from all the saved ones; any other is not restored and a warning says so.
 * Retention: after a save, between the save's barrier and one more, rank 0 alone deletes the oldest committed
   ``step_*``/``epoch_*`` checkpoints beyond ``keep_last_n``, never the one just written and never the
   ``keep_best_n`` epoch checkpoints with the lowest finite ``cv_loss`` (:func:`rank_by_cv_loss`, the order
@@ -91,11 +92,15 @@ class Checkpointer:
         self.keep_last_n = train_conf.keep_last_n
         self.keep_best_n = train_conf.keep_best_n
         self.clock = clock
-        self._hooks: dict[str, tuple[Any, bool]] = {}
+        self._hooks: dict[str, tuple[Any, bool, Callable[[list, int], Any] | None]] = {}
         self._last_save = clock() if engine.ctx.is_main else 0.0
 
-    def register(self, name: str, obj: Any, main_process_only: bool = True) -> None:
+    def register(self, name: str, obj: Any, main_process_only: bool = True,
+                 reshard: Callable[[list, int], Any] | None = None) -> None:
         """Add a saver hook: ``obj.state_dict()`` is saved under ``name`` and ``obj.load_state_dict`` gets it back.
+
+        ``reshard(states, rank)``, for a per-rank hook: this rank's state from the list of every saved rank's, when
+        the checkpoint was written by another number of ranks (without it, such a state is not restored).
 
         Raises:
             ValueError: ``name`` is already registered. TypeError: ``obj`` lacks ``state_dict``/``load_state_dict``.
@@ -104,7 +109,7 @@ class Checkpointer:
             raise ValueError(f"saver hook {name!r} is already registered")
         if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
             raise TypeError(f"saver hook {name!r}: {type(obj).__name__} needs state_dict() and load_state_dict()")
-        self._hooks[name] = (obj, main_process_only)
+        self._hooks[name] = (obj, main_process_only, reshard)
 
     def step_due(self, step: int) -> bool:
         """Whether to save after optimizer step ``step``. Collective when ``save_interval_minutes`` > 0 (every rank
@@ -132,8 +137,8 @@ class Checkpointer:
 
     def _gather_hook_states(self) -> dict[str, Any]:
         ctx = self.engine.ctx
-        main = {name: obj.state_dict() for name, (obj, main_only) in self._hooks.items() if main_only and ctx.is_main}
-        mine = {name: obj.state_dict() for name, (obj, main_only) in self._hooks.items() if not main_only}
+        main = {name: hook[0].state_dict() for name, hook in self._hooks.items() if hook[1] and ctx.is_main}
+        mine = {name: hook[0].state_dict() for name, hook in self._hooks.items() if not hook[1]}
         per_rank: dict[str, list] = {}
         if mine:
             gathered = gather_objects(mine, "Checkpointer.save hooks")
@@ -155,16 +160,20 @@ class Checkpointer:
         extra = self.engine.load(path)
         ctx = self.engine.ctx
         restored = []
-        for name, (obj, main_only) in self._hooks.items():
+        for name, (obj, main_only, reshard) in self._hooks.items():
             if main_only:
                 state = extra.get("main", {}).get(name)
             else:
-                states = extra.get("per_rank", {}).get(name)
-                if states is not None and len(states) != ctx.world_size:
+                states, state = extra.get("per_rank", {}).get(name), None
+                if states is not None and len(states) == ctx.world_size:
+                    state = states[ctx.rank]
+                elif states is not None and reshard is not None:
+                    logging.info("checkpoint %s: %s of %d ranks resharded for %d", path, name, len(states),
+                                 ctx.world_size)
+                    state = reshard(states, ctx.rank)
+                elif states is not None:
                     logging.warning("checkpoint %s: %s was saved by %d ranks, this job has %d; not restored",
                                     path, name, len(states), ctx.world_size)
-                    states = None
-                state = None if states is None else states[ctx.rank]
             if state is None:
                 logging.warning("checkpoint %s has no state for saver hook %r; it starts fresh", path, name)
                 continue

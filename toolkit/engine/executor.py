@@ -31,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
 import logging
 import math
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -62,7 +63,8 @@ class TrainProgress:
 
     After a finished epoch, ``epoch`` is the next one and ``batches_in_epoch`` is 0. Inside an epoch (a ``step_N``
     checkpoint) ``batches_in_epoch`` counts the batches the join has yielded so far (the same on every rank); a
-    resume replays the epoch's data order (``data_seed`` + ``epoch``) and skips them.
+    resume replays the epoch's data order (``data_seed`` + ``epoch``) and skips the batches :class:`EpochPosition`
+    says were accounted for.
     """
 
     epoch: int = 0
@@ -70,7 +72,7 @@ class TrainProgress:
     batches_in_epoch: int = 0
     data_seed: int = 0  # the dataset's shuffling seed (train_conf.seed)
     epoch_lr: float = 0.0  # the LR when the epoch started (its YAML's ``lr``, also after a mid-epoch resume)
-    data_signature: str = ""  # world size, data list, dataset_conf, accum_grad: a mid-epoch resume needs the same
+    data_signature: str = ""  # what a mid-epoch resume needs unchanged (see data_signature)
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -173,19 +175,75 @@ class RunningEpochStats:
     def load_state_dict(self, state: dict) -> None:
         self.stats = EpochStats(**state)
 
+    @staticmethod
+    def reshard(states: list[dict], rank: int) -> dict:
+        """The state of ``rank`` after a resume on another world size: rank 0 takes the sums of every saved rank's
+        (so the reduced statistics still cover the whole epoch), the others start from zero; all keep the skipped
+        optimizer steps, which are the same on every rank."""
+        merged = RunningEpochStats()
+        merged.stats.skipped_steps = states[0]["skipped_steps"]
+        if rank == 0:
+            for state in states:
+                for name in ("num_batches", "num_utts", "loss_sum", "audio_s", "dropped_batches", "dropped_utts"):
+                    setattr(merged.stats, name, getattr(merged.stats, name) + state[name])
+                merged.stats.skipped.update(state["skipped"])
+        return merged.state_dict()
 
-def _skip_consumed(loader: Iterable, num_batches: int, is_empty: Callable[[dict], bool]) -> Iterator[dict]:
-    """What ``loader`` yields after its first ``num_batches`` non-empty batches. The empty batches among those are
-    dropped too: their skip counts are already in the restored statistics."""
-    it = iter(loader)
-    seen = 0
-    while seen < num_batches:
-        batch = next(it, None)
-        if batch is None:
-            logging.warning("resume: the epoch has only %d batches, the checkpoint consumed %d", seen, num_batches)
-            return
-        seen += not is_empty(batch)
-    yield from it
+
+class EpochPosition:
+    """Saver hook (per rank): the batches of the epoch in progress this rank has accounted for (trained, or read for
+    their skip counts), by the ``position`` the pipeline gives each batch: ``chunks`` maps a chunk to ``(batches,
+    done)``, its first ``batches`` batches, ``done`` once its last one is among them. A resume hands them to the
+    dataset (:meth:`~toolkit.dataset.pipeline.AsrDataset.set_epoch`), which leaves them out. A batch without a
+    ``position`` (a loader other than the pipeline's, as in engine tests) is not tracked."""
+
+    def __init__(self):
+        self.chunks: dict[int, tuple[int, bool]] = {}
+
+    def add(self, batch: dict) -> None:
+        if "position" in batch:
+            chunk, index, last = batch["position"]
+            self.chunks[chunk] = (index + 1, last)
+
+    def state_dict(self) -> dict:
+        return {"chunks": dict(self.chunks)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.chunks = dict(state["chunks"])
+
+    @staticmethod
+    def reshard(states: list[dict], rank: int) -> dict:
+        """Every rank of another world size gets what all saved ranks accounted for (each chunk was read by one)."""
+        chunks: dict[int, tuple[int, bool]] = {}
+        for state in states:
+            for chunk, consumed in state["chunks"].items():
+                chunks[chunk] = max(chunks.get(chunk, (0, False)), consumed)
+        return {"chunks": chunks}
+
+
+def data_signature(world_size: int | None, train_data: str, dataset_conf: dict, accum_grad: int) -> str:
+    """What a mid-epoch resume must find unchanged (JSON), its position counting batches of that setup:
+    ``world_size`` is None where the epoch's batches do not depend on it
+    (:attr:`~toolkit.dataset.pipeline.AsrDataset.resumes_on_any_world_size`)."""
+    return json.dumps({"world_size": world_size, "train_data": train_data, "dataset_conf": dataset_conf,
+                       "accum_grad": accum_grad}, sort_keys=True)
+
+
+def _why_not_resumable(path: str, epoch: int, saved: str, current: str) -> str | None:
+    """None when a checkpoint inside ``epoch`` written with signature ``saved`` can continue under ``current``;
+    otherwise the one-line reason."""
+    if saved == current:
+        return None
+    old, new = json.loads(saved) if saved else None, json.loads(current)
+    if not isinstance(old, dict):
+        why = "it was written by an earlier version, whose epoch order differs"
+    else:
+        why = ", ".join(key for key in sorted(new) if old.get(key) != new[key]) + " changed since it was written"
+        if isinstance(old.get("world_size"), int) and old["world_size"] != new["world_size"]:
+            why += (f" (by {old['world_size']} ranks: with shards or dynamic batching each rank reads its own share "
+                    "of the epoch)")
+    return (f"--checkpoint {path} stops inside epoch {epoch}, but {why}, so its position in the epoch means other "
+            "utterances now; resume from the last epoch_N.pt instead")
 
 
 def _to_device(batch: dict, device: torch.device) -> list[torch.Tensor]:
@@ -197,7 +255,9 @@ class Executor:
     progress (epoch, step, position inside the epoch), the epoch's running statistics, resume, logging and ETA.
 
     Its state travels in every checkpoint as saver hooks of ``checkpointer``: ``progress`` (main process),
-    ``rng`` and ``epoch_stats`` (per rank), so that a ``step_N`` checkpoint resumes bit-identically.
+    ``rng``, ``epoch_stats`` and ``epoch_position`` (per rank), so that a ``step_N`` checkpoint resumes
+    bit-identically on the world size that wrote it, and, where the epoch's batches do not depend on the world size,
+    with every utterance of the epoch trained once on another.
 
     Args:
         engine: a prepared engine.
@@ -205,8 +265,7 @@ class Executor:
         checkpointer: saves ``step_N`` checkpoints when due, and the epoch's at :func:`save_model`.
         train_conf: ``accum_grad``, ``log_interval``, ``max_epoch``, ``seed`` (the data seed).
         frame_shift_s: seconds per feature frame (``dataset_conf.fbank_conf.frame_shift``), for audio seconds.
-        data_signature: what a mid-epoch resume must find unchanged (world size, data list, dataset_conf,
-            accum_grad): the position inside an epoch counts batches of that setup.
+        data_signature: what a mid-epoch resume must find unchanged (:func:`data_signature`).
         utts_per_epoch: utterances in the training list (all ranks), for the ETA.
 
     Attributes:
@@ -227,9 +286,11 @@ class Executor:
         self.writer = None
         self.progress = TrainProgress(data_seed=train_conf.seed, data_signature=data_signature)
         self.running = RunningEpochStats()
+        self.position = EpochPosition()
         checkpointer.register("progress", self.progress)
         checkpointer.register("rng", RngState(), main_process_only=False)
-        checkpointer.register("epoch_stats", self.running, main_process_only=False)
+        checkpointer.register("epoch_stats", self.running, main_process_only=False, reshard=RunningEpochStats.reshard)
+        checkpointer.register("epoch_position", self.position, main_process_only=False, reshard=EpochPosition.reshard)
 
     def resume(self, path: str, train_set) -> None:
         """Collective: restore the engine and the saver hooks from checkpoint ``path``; :attr:`progress` then says
@@ -245,11 +306,10 @@ class Executor:
         signature = self.progress.data_signature
         restored = self.checkpointer.load(path)
         progress = self.progress
-        if progress.batches_in_epoch and progress.data_signature != signature:
-            # NOTE: the consumed batches are skipped by count; other batching, ranks or data would skip others.
-            raise ConfigError(f"--checkpoint {path} stops inside epoch {progress.epoch}, but the world size, the data "
-                              "list, dataset_conf or accum_grad differ from when it was written, so its position in "
-                              "the epoch means other utterances now; resume from the last epoch_N.pt instead")
+        refusal = progress.batches_in_epoch and _why_not_resumable(path, progress.epoch, progress.data_signature,
+                                                                    signature)
+        if refusal:
+            raise ConfigError(refusal)
         progress.data_signature = signature  # this run's setup: what its own step checkpoints will stand for
         if "progress" not in restored:  # written before saver hooks existed: continue after its epoch
             info = load_info(path)
@@ -277,26 +337,32 @@ class Executor:
 
         With ``train_set`` (the :class:`~toolkit.dataset.pipeline.AsrDataset` behind ``dataloader``), the set is
         moved to the epoch and the loader's own generator reseeded, so a resumed job replays the same data order
-        and worker seeds. With :attr:`progress` inside the epoch, the consumed batches are skipped.
+        and worker seeds. With :attr:`progress` inside the epoch, the set leaves out the batches
+        :attr:`position` says were accounted for.
         """
-        progress, engine, join = self.progress, self.engine, self.join
-        if train_set is not None:
-            train_set.set_epoch(progress.epoch)
-            # NOTE: the loader's own generator, reseeded per epoch, so a resumed job replays the same worker seeds.
-            dataloader.generator.manual_seed(progress.data_seed + progress.epoch)
+        progress, engine, join, position = self.progress, self.engine, self.join, self.position
         if progress.batches_in_epoch == 0:
             progress.epoch_lr = engine.lr
             self.running.stats = EpochStats()
+            position.chunks = {}
         else:
             logging.info("resuming epoch %d after its first %d batches", progress.epoch, progress.batches_in_epoch)
-            dataloader = _skip_consumed(dataloader, progress.batches_in_epoch, join.is_empty)
+        if train_set is not None:
+            train_set.set_epoch(progress.epoch, position.chunks)
+            # NOTE: the loader's own generator, reseeded per epoch, so a resumed job replays the same worker seeds.
+            dataloader.generator.manual_seed(progress.data_seed + progress.epoch)
+        dataloader = (batch for batch in dataloader if "replayed" not in batch)
         stats = self.running.stats
         model = engine.model
         model.train()
         self._clock = (time.perf_counter(), stats.audio_s, stats.num_utts)  # what this process trains from here
         micro = 0  # micro-batches since the last optimizer step
         engine.zero_grad()
-        on_empty = lambda b: stats.add(b, None)  # noqa: E731
+
+        def on_empty(batch: dict) -> None:  # a B=0 batch: only skip counts
+            stats.add(batch, None)
+            position.add(batch)
+
         for batch in join.iterate(dataloader, on_empty=on_empty, on_dropped=stats.add_dropped):
             micro += 1
             progress.batches_in_epoch += 1
@@ -309,6 +375,7 @@ class Executor:
                     engine.backward(out["loss"] / self.accum_grad)
             _log_left_out(batch, loss, out.get("excluded"), f"epoch {progress.epoch} step {progress.step + 1}")
             stats.add(batch, loss, self.frame_shift_s, out.get("excluded"))
+            position.add(batch)
             if not sync:
                 continue
             micro = 0

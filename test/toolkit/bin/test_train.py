@@ -70,9 +70,9 @@ def test_train_skips_bad_input_commits_epochs_and_resumes(tmp_path):
     assert info["epoch"] == 1 and info["cv_utts"] == 19 and info["cv_skipped"] == {"too_few_encoder_frames": 1}
     assert info["skipped"] == {"missing_audio": 1, "unreadable_audio": 1, "empty_text": 1, "unknown_token": 1,
                                "too_few_encoder_frames": 2}
-    # Every good utterance is trained on, except whole batches dropped by the join (ranks hold 42 vs 42 lines
-    # here, so none are) and the two without a CTC alignment.
-    assert info["train_utts"] == num_good - 2
+    # Every good utterance is trained on, except the two without a CTC alignment and whole batches dropped by the
+    # join: the epoch's 84 lines make 11 batches, 10 of 8 and the last 4, so rank 0 holds one more than rank 1.
+    assert info["train_utts"] == num_good - 2 - 4 and info["dropped_utts"] == 4
     for key in ("bad-missing", "bad-corrupt", "bad-empty-text", "bad-unknown-char", "nicolas-8-00", "nicolas-8-01",
                 "yweweler-6-01"):
         assert key in proc.stderr  # each skip is logged with its key

@@ -1,3 +1,4 @@
+import itertools
 import json
 import logging
 import re
@@ -10,9 +11,9 @@ import soundfile as sf
 import torch
 import yaml
 
-from toolkit.dataset import resolve_dataset_conf
+from toolkit.dataset import processor, resolve_dataset_conf
 from toolkit.dataset.conf import FbankConf
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, lines_per_rank, read_transcripts
+from toolkit.dataset.pipeline import build_dataloader, build_dataset, chunk_sizes, deal_chunks, read_transcripts
 from toolkit.dataset.shard import write_shard
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 from toolkit.utils.config import ConfigError
@@ -72,7 +73,7 @@ def test_partition_two_ranks_two_workers_each_key_once(tmp_path, tokenizer):
             per_rank.append(keys)
         all_keys = per_rank[0] + per_rank[1]
         assert sorted(all_keys) == sorted(e["key"] for e in entries)
-        assert {len(k) for k in per_rank} == {7, 8}  # 15 lines over 4 global workers: 4+4 and 4+3
+        assert {len(k) for k in per_rank} == {9, 6}  # 5 chunks of one batch (3 lines): 3 and 2 chunks
         orders.append(per_rank)
     assert orders[0] != orders[1]
     assert set(orders[0][0]) != set(orders[1][0])  # the epoch permutation moves lines across ranks
@@ -192,13 +193,21 @@ def test_every_value_is_checked_for_its_type_and_range(given, message):
 
 
 def test_lines_per_rank_and_uneven_partition_log(tmp_path, tokenizer, caplog):
-    assert lines_per_rank(9, 2, 2) == [5, 4]
-    assert lines_per_rank(8, 2, 2) == [4, 4]
-    assert lines_per_rank(3, 2, 0) == [2, 1]
-    data_list = write_list(tmp_path / "data.list", kaldi_entries(FSDD, "dev")[:5])
+    entries = kaldi_entries(FSDD, "dev")
+    data_list = write_list(tmp_path / "data.list", entries[:9])
+
+    def lines_per_rank(conf, world_size, mode="train"):
+        return build_dataset(data_list, tokenizer, conf, mode=mode, world_size=world_size).lines_per_rank()
+
+    # Training: chunks of one batch (2 lines; the last 1), each to the rank with fewer lines; per worker otherwise.
+    assert lines_per_rank({"batch_conf": {"batch_size": 2}}, 2) == [5, 4]
+    assert lines_per_rank({"batch_conf": {"batch_size": 2}}, 3) == [4, 3, 2]
+    assert lines_per_rank({"dataloader_conf": {"num_workers": 2}}, 2, mode="cv") == [5, 4]
+    assert lines_per_rank({"dataloader_conf": {"num_workers": 0}}, 2, mode="cv") == [5, 4]
+    data_list = write_list(tmp_path / "data.list", entries[:5])
     with caplog.at_level(logging.INFO):
-        build_dataset(data_list, tokenizer, resolve_dataset_conf({"dataloader_conf": {"num_workers": 2}}), rank=0,
-                      world_size=2)
+        build_dataset(data_list, tokenizer, resolve_dataset_conf({"dataloader_conf": {"num_workers": 2}}), mode="cv",
+                      rank=0, world_size=2)
     assert "5 lines do not divide evenly over 2 ranks x 2 workers; lines per rank: [3, 2]" in caplog.text
 
 
@@ -267,3 +276,104 @@ def test_read_transcripts_in_input_order_raw_and_shard(tmp_path):
     write_shard(entries[:3], shards[3])
     (tmp_path / "shards.list").write_text("".join(p + "\n" for p in shards))
     assert read_transcripts(str(tmp_path / "shards.list"), "shard") == pairs[3:] + pairs[:3]
+
+
+# The training epoch over raw lines with static or bucket batching: chunks that depend on the data alone, the same
+# batches (keys, features, skip counts) on any number of ranks and loader workers, and a resumed epoch that leaves
+# out exactly the batches its checkpoint accounted for, without reading the chunks it finished.
+
+# 80 lines: chunks of 8 lines (2 batches of 4) shrinking to one batch; volume perturbation, dither and SpecAugment
+# draw from each chunk's own generator.
+CHUNK_CONF = {"batch_conf": {"batch_size": 4}, "sort_conf": {"sort_size": 12}, "shuffle_conf": {"shuffle_size": 8},
+        "volume_perturb": True}
+
+
+@pytest.fixture(scope="module")
+def data_list(tmp_path_factory):
+    # The tokenizer knows no Z: the 8 utterances of "ZERO" are skipped (unknown_token) wherever they land.
+    return write_list(tmp_path_factory.mktemp("list") / "data.list", kaldi_entries(FSDD, "train"))
+
+
+def entry_key(data_list, line_index):
+    with open(data_list) as f:
+        return json.loads(f.readlines()[line_index])["key"]
+
+
+def epoch_batches(data_list, tokenizer, world_size, num_workers, consumed=None, epoch=1, batch_conf=None):
+    """Every rank's batches of ``epoch`` (rank by rank, in loader order) and the skip counts they carry."""
+    conf = {**CHUNK_CONF, "dataloader_conf": {"num_workers": num_workers, "prefetch_factor": 2}}
+    conf["batch_conf"] = batch_conf or conf["batch_conf"]
+    per_rank, skipped = [], Counter()
+    for rank in range(world_size):
+        dataset = build_dataset(data_list, tokenizer, conf, rank=rank, world_size=world_size)
+        dataset.set_epoch(epoch, consumed)
+        per_rank.append([batch for batch in build_dataloader(dataset) if "replayed" not in batch])
+        for batch in per_rank[-1]:
+            skipped.update(batch["num_skipped"])
+    return per_rank, skipped
+
+
+def test_chunks_shrink_to_one_batch_and_the_dealing_evens_out_the_ranks():
+    conf = resolve_dataset_conf({"batch_conf": {"batch_size": 8}, "sort_conf": {"sort_size": 500}})
+    sizes = chunk_sizes(6016, conf)  # the recipe's training set
+    assert sum(sizes) == 6016 and sizes[0] == 496 and sizes[-8:] == [8] * 8 and len(sizes) == 47
+    assert sizes == sorted(sizes, reverse=True) and all(size % 8 == 0 for size in sizes)
+    for world_size in range(1, 11):
+        loads = Counter()
+        for size, rank in zip(sizes, deal_chunks(sizes, world_size)):
+            loads[rank] += size
+        assert len(loads) == world_size and max(loads.values()) - min(loads.values()) <= 8  # one batch
+    assert deal_chunks([8, 8, 8, 8, 2], 2) == [0, 1, 0, 1, 0] and deal_chunks([496, 8, 8], 2) == [0, 1, 1]
+    # Static batches without sorting: every chunk is one batch. Buckets: at least the largest bucket batch.
+    assert chunk_sizes(20, resolve_dataset_conf({"sort": False, "batch_conf": {"batch_size": 8}})) == [8, 8, 4]
+    assert chunk_sizes(82, resolve_dataset_conf({"batch_conf": {"batch_type": "bucket"}})) == [32, 32, 18]
+
+
+@pytest.mark.parametrize("batch_conf", [CHUNK_CONF["batch_conf"], {"batch_type": "bucket", "bucket_boundaries": [60],
+                                                                    "bucket_batch_sizes": [4, 2]}])
+def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(data_list, tokenizer, batch_conf):
+    (alone,), skipped = epoch_batches(data_list, tokenizer, 1, 0, batch_conf=batch_conf)
+    assert skipped == {"unknown_token": 8}
+    keys = [key for batch in alone for key in batch["keys"]]
+    assert sorted(keys) == sorted(e["key"] for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"])
+    reference = {tuple(batch["position"]): batch for batch in alone}
+    for world_size, num_workers in ((2, 0), (3, 2)):
+        per_rank, got_skipped = epoch_batches(data_list, tokenizer, world_size, num_workers, batch_conf=batch_conf)
+        assert got_skipped == skipped and all(per_rank)
+        got = {tuple(batch["position"]): batch for batch in itertools.chain(*per_rank)}
+        assert got.keys() == reference.keys()
+        for position, batch in got.items():
+            assert batch["keys"] == reference[position]["keys"], position
+            assert torch.equal(batch["feats"], reference[position]["feats"]), position
+    next_epoch = epoch_batches(data_list, tokenizer, 1, 0, epoch=2, batch_conf=batch_conf)[0][0]
+    assert next_epoch[0]["keys"] != alone[0]["keys"]  # reshuffled
+
+
+def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_chunk(data_list, tokenizer,
+                                                                                   monkeypatch):
+    (first, second), _ = epoch_batches(data_list, tokenizer, 2, 2)
+    # The checkpoint: each of the 2 ranks (2 loader workers each) trained its first 3 batches: whole chunks and
+    # parts of others.
+    consumed = {}
+    for batch in first[:3] + second[:3]:
+        chunk, index, last = batch["position"]
+        consumed[chunk] = (index + 1, last)
+    finished = [chunk for chunk, (_, done) in consumed.items() if done]
+    assert finished and len(finished) < len(consumed)
+    # On 2 ranks again: each rank goes on with exactly the batches it would have trained next, in the order its
+    # loader's round robin over the workers gave them.
+    (first_rest, second_rest), _ = epoch_batches(data_list, tokenizer, 2, 2, consumed)
+    for rest, full in ((first_rest, first), (second_rest, second)):
+        assert [b["position"] for b in rest] == [b["position"] for b in full[3:]]
+        assert all(torch.equal(a["feats"], b["feats"]) for a, b in zip(rest, full[3:]))
+    # On 3 ranks: every utterance the checkpoint did not account for, once; the finished chunks are not read.
+    chunks = build_dataset(data_list, tokenizer, CHUNK_CONF).chunks(1, 1)
+    unread = {entry_key(data_list, i) for chunk in finished for i in chunks[chunk][0]}
+    reads = []
+    read_audio = processor.read_audio
+    monkeypatch.setattr(processor, "read_audio", lambda sample: reads.append(sample["key"]) or read_audio(sample))
+    per_rank, _ = epoch_batches(data_list, tokenizer, 3, 0, consumed)
+    before = [key for batch in first[:3] + second[:3] for key in batch["keys"]]
+    after = [key for batch in itertools.chain(*per_rank) for key in batch["keys"]]
+    assert sorted(before + after) == sorted(key for batch in first + second for key in batch["keys"])
+    assert len(reads) == 80 - len(unread) and not unread & set(reads)
