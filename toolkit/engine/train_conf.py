@@ -31,6 +31,9 @@ class TrainConf:
         keep_best_n: ... and never delete the N epochs with the lowest cv_loss (what averaging picks).
         join_mode, join_timeout_s: how ranks with uneven data stop together (:mod:`toolkit.distributed.join`);
             the timeout (seconds) is used by ``monitored_barrier`` only.
+        compile: ``torch.compile`` the model's repeated blocks (encoder and decoder layers) in place before the
+            engine wraps the model (:mod:`toolkit.engine.compile`; off by default: on CPU it does not pay, see
+            docs/benchmarks.md).
     """
 
     SECTION: ClassVar[str] = "train_conf"
@@ -46,6 +49,7 @@ class TrainConf:
     keep_best_n: int = 5
     join_mode: Literal[JOIN_MODES] = "flag"
     join_timeout_s: float = 30.0
+    compile: bool = False
 
     def __post_init__(self):
         for key in ("max_epoch", "accum_grad", "log_interval"):
