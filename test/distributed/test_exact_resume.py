@@ -14,3 +14,9 @@ def test_ddp_mid_epoch_resume_is_bit_identical(tmp_path):
     assert_same_epoch_1(full, resumed)
     state = load_checkpoint(str(resumed / "epoch_1.pt"))
     assert state["optimizer"]["state"] and state["scheduler"]["last_epoch"] == 10
+
+
+def test_ddp_mid_epoch_resume_with_compiled_layers_is_bit_identical(tmp_path):
+    # train_conf.compile: the resumed job compiles its layers again and must still continue the run bit for bit
+    full, resumed = uninterrupted_and_resumed(tmp_path, "--override_config", "train_conf.compile true")
+    assert_same_epoch_1(full, resumed)

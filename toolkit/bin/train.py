@@ -38,6 +38,7 @@ from toolkit.distributed.main_only import main_process_only, run_on_main
 from toolkit.distributed.shared_dir import check_shared_dir
 from toolkit.engine import ENGINE_CHOICES, Engine, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
+from toolkit.engine.compile import compile_blocks
 from toolkit.engine.executor import Executor, data_signature, require_utterances
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
@@ -81,12 +82,17 @@ def setup_logging(rank: int | None = None) -> None:
 def wrap_cuda_model(args: argparse.Namespace, ctx: DistContext, config: Config, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler) -> Engine:
     """The engine of ``--train_engine``, holding the model on this rank's device, wrapped for data parallelism
-    (DDP or DeepSpeed), with its optimizer and scheduler."""
+    (DDP or DeepSpeed), with its optimizer and scheduler; with ``train_conf.compile`` the model's blocks are compiled
+    in place first (:mod:`toolkit.engine.compile`)."""
     batch = config.dataset_conf.batch_conf
     engine = init_engine(args.train_engine, ctx, config.train_conf, model.has_unused_parameters,
                          deepspeed_config=args.deepspeed_config,
                          micro_batch_size=batch.batch_size if batch.batch_type == "static" else None,
                          keep_shards=args.deepspeed_shards == "keep")
+    if config.train_conf.compile:
+        blocks = compile_blocks(model)
+        main_process_only(logging.info)("train_conf.compile: %d blocks compiled in place (dynamic shapes): %s",
+                                        len(blocks), ", ".join(blocks))
     engine.prepare(model, optimizer, scheduler)
     return engine
 

@@ -84,8 +84,8 @@ def check_deepspeed_config(ds_config: dict, train_conf: TrainConf, micro_batch_s
 
     Raises:
         ConfigError: a value differs (the message names both values), the JSON has ``optimizer``/``scheduler``
-            sections (the YAML's are used), ``train_batch_size`` is set (it is derived), or ZeRO >= 1 with
-            ``accum_grad`` > 1 meets ``join_mode: monitored_barrier``.
+            sections (the YAML's are used), ``train_batch_size`` is set (it is derived), ZeRO >= 1 with
+            ``accum_grad`` > 1 meets ``join_mode: monitored_barrier``, or ZeRO-3 meets ``train_conf.compile``.
     """
     conf = json.loads(json.dumps(ds_config))
     problems = [f"{path}: '{key}' is not allowed: the YAML's optim/scheduler are passed to DeepSpeed"
@@ -96,6 +96,9 @@ def check_deepspeed_config(ds_config: dict, train_conf: TrainConf, micro_batch_s
         problems.append(f"{path}: ZeRO stage {zero_stage(conf)} with train_conf.accum_grad "
                         f"{train_conf.accum_grad} needs train_conf.join_mode flag (monitored_barrier cannot end "
                         "an epoch on an accumulation boundary)")
+    if train_conf.compile and zero_stage(conf) == 3:
+        # NOTE: ZeRO-3 gathers each module's parameters in its forward hooks, which a compiled block would trace.
+        problems.append(f"{path}: ZeRO stage 3 with train_conf.compile true is not supported (stages 0-2 are)")
     if "train_batch_size" in conf:
         problems.append(f"{path}: remove 'train_batch_size'; it is micro batch x accum_grad x world size")
     pairs = [("gradient_accumulation_steps", train_conf.accum_grad, "train_conf.accum_grad"),

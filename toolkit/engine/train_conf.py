@@ -33,6 +33,9 @@ class TrainConf:
             the timeout (seconds) is used by ``monitored_barrier`` only.
         activation_checkpointing: recompute each encoder and decoder layer's activations in the backward pass
             instead of keeping them (less memory, one more forward of the layers; the same loss and gradients).
+        compile: ``torch.compile`` the model's repeated blocks (encoder and decoder layers) in place before the
+            engine wraps the model (:mod:`toolkit.engine.compile`; off by default: on CPU it does not pay, see
+            docs/benchmarks.md).
     """
 
     SECTION: ClassVar[str] = "train_conf"
@@ -49,6 +52,7 @@ class TrainConf:
     join_mode: Literal[JOIN_MODES] = "flag"
     join_timeout_s: float = 30.0
     activation_checkpointing: bool = False
+    compile: bool = False
 
     def __post_init__(self):
         for key in ("max_epoch", "accum_grad", "log_interval"):

@@ -92,3 +92,11 @@ def test_monitored_barrier_join_refuses_zero_accumulation():
     check_deepspeed_config({"zero_optimization": {"stage": 2}}, dataclasses.replace(monitored, accum_grad=1), STATIC)
     check_deepspeed_config({"zero_optimization": {"stage": 0}}, monitored, STATIC)
     check_deepspeed_config({"zero_optimization": {"stage": 2}}, TRAIN_CONF, STATIC)
+
+
+def test_compile_goes_with_zero_0_1_2_not_3():
+    compiled = dataclasses.replace(TRAIN_CONF, compile=True)
+    for stage in (0, 1, 2):
+        check_deepspeed_config({"zero_optimization": {"stage": stage}}, compiled, STATIC)
+    with pytest.raises(ConfigError, match="ZeRO stage 3 with train_conf.compile true is not supported"):
+        check_deepspeed_config({"zero_optimization": {"stage": 3}}, compiled, STATIC)

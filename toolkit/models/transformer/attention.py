@@ -102,9 +102,10 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
     batch, heads, time, width = x.size()
     # Row i of the (time, width) block starts i * width + (time - 1 - i) elements into it, so
     # rows are width - 1 apart and never overlap; a strided view avoids any copy.
-    return x.as_strided((batch, heads, time, time),
-                        (x.stride(0), x.stride(1), width - 1, 1),
-                        x.storage_offset() + time - 1)
+    # NOTE: the view's offset comes from slicing, not from x.storage_offset(), which torch.compile
+    # cannot trace (a graph break in every layer; train_conf.compile); unfold would fix T.
+    row0 = x.view(batch, heads, time * width)[:, :, time - 1:]  # storage offset at out[..., 0, 0]
+    return row0.as_strided((batch, heads, time, time), (x.stride(0), x.stride(1), width - 1, 1))
 
 
 class RelPositionMultiHeadedAttention(MultiHeadedAttention):

@@ -54,7 +54,14 @@ class Dropout(nn.Module):
 
     @torch.jit.unused
     def _cpu_dropout(self, x: torch.Tensor) -> torch.Tensor:
-        keep = torch.empty(x.shape, dtype=torch.int32).random_() >= self.threshold
+        # NOTE: the functional aten.random, not Tensor.random_ (the same draws from the same generator): torch.compile
+        # cannot trace the in-place op and would break the graph at every dropout (train_conf.compile).
+        keep = torch.ops.aten.random(torch.empty(x.shape, dtype=torch.int32)) >= self.threshold
+        if torch.compiler.is_compiling():
+            # NOTE: compiled, the op itself (its derivative is the same op; inductor fuses it and saves only the
+            # mask): dynamo (torch 2.13) cannot trace _KeepAndScale when the scale is an attribute of a compiled
+            # module ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer").
+            return torch.ops.aten.native_dropout_backward(x, keep, self.scale)
         return _KeepAndScale.apply(x, keep, self.scale)
 
     def extra_repr(self) -> str:

@@ -19,6 +19,18 @@ def test_rel_shift_picks_the_column_of_distance_i_minus_j():
     assert torch.equal(shifted[1, 2], (i - j).float())
 
 
+def test_rel_shift_of_one_frame_and_of_a_view_with_an_offset():
+    # T = 1: the single column is distance 0; a contiguous view that starts inside a larger tensor is shifted from
+    # its own first element
+    one = torch.randn(2, 3, 1, 1)
+    assert torch.equal(rel_shift(one), one)
+    time = 5
+    big = torch.randn(3, 2, 3, time, 2 * time - 1)
+    expected = torch.stack([torch.stack([big[1, b, h, i, time - 1 - i:2 * time - 1 - i] for i in range(time)])
+                            for b in range(2) for h in range(3)]).view(2, 3, time, time)
+    assert big[1].storage_offset() > 0 and torch.equal(rel_shift(big[1]), expected)
+
+
 def test_rel_pos_encoding_center_is_distance_zero():
     pos_enc = RelPositionalEncoding(8, dropout_rate=0.0)
     x, pos_emb = pos_enc(torch.ones(1, 5, 8))
