@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""What cutting a training epoch into world-size-independent chunks costs: padded frames and the ranks' spread.
+"""What planning a training epoch's batches from the audio headers (world-size independent) does to padding and to
+the ranks' spread.
 
 Reads every training utterance's length from its audio header (no decoding; frames of 10 ms at 16 kHz), then
-builds one epoch's batches from the lengths alone with the pipeline's own steps (``processor.shuffle``, ``sort``,
-the batching of ``dataset_conf``) twice: as each (rank, worker) stream did before chunks (positions ``i % 2``, one
-rolling sort buffer per stream), and chunk by chunk (``chunk_sizes``). Prints the frames the model sees (real plus
-padding) per real frame for both, and, for each world size, how many lines apart the ranks end the epoch under
-``deal_chunks`` (what the join drops, at most). ``--num_utts`` draws that many lengths (with replacement) to see a
-larger corpus.
+builds one epoch's batches from the lengths alone twice: as each (rank, worker) stream of 2 did before the plan
+(positions ``i % 2``, the pipeline's shuffle and rolling sort buffer, then its batching), and as
+``toolkit.dataset.pipeline.plan_batches`` plans them. Prints the frames the model sees (real plus padding) per
+real frame for both, and, for each world size, how many lines apart the ranks end the epoch under ``deal_chunks``
+(what the join drops, at most). ``--num_utts`` draws that many lengths (with replacement) to see another size.
 
 Usage:
     python benchmarks/bench_chunks.py --corpus_dir corpora --config examples/english/s0/conf/train_conformer.yaml
@@ -24,7 +24,7 @@ import torch
 
 from toolkit.config import read_config
 from toolkit.dataset import processor
-from toolkit.dataset.pipeline import chunk_sizes, deal_chunks
+from toolkit.dataset.pipeline import deal_chunks, plan_batches
 
 CORPORA = ["speechocean762", "kathleen", "ljspeech", "fsdd"]
 
@@ -77,13 +77,11 @@ def main() -> None:
     order = lengths[:]
     random.Random(1).shuffle(order)
     streams = [b for g in range(2) for b in batches(order[g::2], conf, random.Random(g))]
-    sizes = chunk_sizes(len(order), conf)
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    chunked = [b for i, (start, size) in enumerate(zip(starts, sizes))
-               for b in batches(order[start:start + size], conf, random.Random(i))]
+    planned = [[order[i] for i in b] for b in plan_batches(list(range(len(order))), order, conf)]
+    sizes = [len(b) for b in planned]
     print(f"{len(order)} utterances, {dataclasses.asdict(conf.batch_conf)}, sort_size {conf.sort_conf.sort_size}")
     print(f"frames seen per real frame: per-worker streams (2) {frames_seen(streams):.3f}, "
-          f"{len(sizes)} chunks {frames_seen(chunked):.3f}")
+          f"{len(sizes)} planned batches {frames_seen(planned):.3f}")
     spread = []
     for world_size in range(1, args.max_world_size + 1):
         loads = [0] * world_size

@@ -97,31 +97,29 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
     return processor.padding(batches, num_skipped, fbank.num_mel_bins)
 
 
-# NOTE: each chunk holds at most 1/CHUNK_SHARE of the lines still to come in the epoch, so the epoch ends in chunks
-# of one batch and the least-loaded dealing evens the ranks out to about one batch, for up to ~10 ranks (beyond, the
-# spread grows toward one sort buffer, dropped at the join). The smaller chunks near the end sort fewer utterances
-# together: with 8, the recipe's 6,016 training utterances (batches of 8, sort_size 500) make 5 % more frames (real
-# plus padding) than one worker's rolling sort buffer did (16 would make 13 %), 100,000 utterances 1 % fewer, since a
-# batch never straddles two sort buffers (benchmarks/bench_chunks.py, from the corpora's audio headers).
-CHUNK_SHARE = 8
+def plan_batches(order: List[int], frames: List[int], conf: DatasetConf) -> List[List[int]]:
+    """An epoch's training batches as lists of line indices, planned from the lines' lengths before any audio is
+    read, with ``frames[i]`` (10 ms fbank frames of line ``i``, from its audio header) standing in for the features
+    in the pipeline's own steps. Static batching: with ``sort``, each run of ``sort_conf.sort_size`` consecutive
+    lines of ``order`` is sorted by length and cut into batches of ``batch_size`` (a batch never mixes two runs);
+    without, ``order`` is cut as it is. Bucket batching: the sorted runs, bucketed (``processor.bucket_batch``).
 
-
-def chunk_sizes(num_lines: int, conf: DatasetConf) -> List[int]:
-    """Lines per chunk of a training epoch over raw lines with static or bucket batching, in epoch order; they
-    depend on ``num_lines`` and ``conf`` alone, never on the world size.
-
-    A chunk is one sort buffer (``sort_conf.sort_size`` lines; with static batching and ``sort`` off, one batch),
-    and at most ``1 / CHUNK_SHARE`` of the lines left, in whole batches (``batch_size``, for buckets the largest
-    bucket batch), and at least one batch; the last one takes what is left.
+    The plan depends on ``order``, ``frames`` and ``conf`` alone, never on the world size. Speed perturbation
+    scales a length after the plan is made (by 0.9-1.1 by default), so a batch's lengths differ by that much more
+    than a sort after it would leave.
     """
     batch = conf.batch_conf
-    unit = batch.batch_size if batch.batch_type == "static" else max(batch.bucket_batch_sizes)
-    largest = batch.batch_size if batch.batch_type == "static" and not conf.sort else conf.sort_conf.sort_size
-    sizes, left = [], num_lines
-    while left > 0:
-        sizes.append(min(left, max(unit, min(largest, left // CHUNK_SHARE) // unit * unit)))
-        left -= sizes[-1]
-    return sizes
+    size = conf.sort_conf.sort_size if conf.sort else len(order)
+    runs = [order[start:start + size] for start in range(0, len(order), max(1, size))]
+    samples = [[{"index": i, "feat": torch.empty(frames[i], 0)} for i in run] for run in runs]
+    if conf.sort:
+        samples = [list(processor.sort(run, len(run))) for run in samples]
+    if batch.batch_type == "static":
+        groups = [group for run in samples for group in processor.static_batch(run, batch.batch_size)]
+    else:
+        groups = processor.bucket_batch((s for run in samples for s in run), batch.bucket_boundaries,
+                                        batch.bucket_batch_sizes)
+    return [[sample["index"] for sample in group] for group in groups]
 
 
 def deal_chunks(sizes: List[int], world_size: int) -> List[int]:
@@ -155,10 +153,11 @@ class AsrDataset(IterableDataset):
     worker of one rank, with a random generator of its own (``seed``, epoch, chunk), so every line is read by
     exactly one rank and one worker per epoch and a chunk's batches do not depend on who reads it.
 
-    * Training on raw lines with static or bucket batching (:attr:`resumes_on_any_world_size`): the chunks are
-      consecutive runs of the order (:func:`chunk_sizes`), dealt to ranks by :func:`deal_chunks` and, within a
-      rank, to its workers in turn. The epoch's batches are then the same for every world size; a mid-epoch
-      checkpoint resumes on any number of ranks.
+    * Training on raw lines with static or bucket batching (:attr:`resumes_on_any_world_size`): each chunk is one
+      batch of :func:`plan_batches`, planned from the lengths in the audio headers (read once, when the dataset
+      is made), dealt to ranks by :func:`deal_chunks` and, within a rank, to its workers in turn. The epoch's
+      batches are then the same for every world size (a mid-epoch checkpoint resumes on any number of ranks), as
+      well sorted as one sort buffer over the whole list, and the ranks end the epoch at most one batch apart.
     * Otherwise (shards, whose lines are read sequentially and cannot be cut finer; dynamic batching, whose
       batches have no size in lines to cut chunks to; cross-validation and test): chunk ``g`` is global worker
       ``g``'s share, positions ``i`` with ``i % (world_size * num_workers) == g``, global worker =
@@ -182,6 +181,10 @@ class AsrDataset(IterableDataset):
         self.epoch = 0
         self._passes_since_set_epoch = 0
         self._consumed: Dict[int, Tuple[int, bool]] = {}
+        self.frames: List[int] = []  # 10 ms frames per line, from the audio headers: what the batches are planned from
+        if self.resumes_on_any_world_size:
+            frames_per_s = 1000 / conf.fbank_conf.frame_shift
+            self.frames = [int(processor.audio_seconds(line) * frames_per_s) for line in lines]
 
     @property
     def resumes_on_any_world_size(self) -> bool:
@@ -209,18 +212,17 @@ class AsrDataset(IterableDataset):
         if not self.resumes_on_any_world_size:
             total = self.world_size * workers
             return [(order[g::total], g) for g in range(total)]
-        sizes = chunk_sizes(len(order), self.conf)
+        batches = plan_batches(order, self.frames, self.conf)
         dealt = Counter()  # chunks each rank has got so far
-        chunks, start = [], 0
-        for size, rank in zip(sizes, deal_chunks(sizes, self.world_size)):
-            chunks.append((order[start:start + size], rank * workers + dealt[rank] % workers))
+        chunks = []
+        for lines, rank in zip(batches, deal_chunks([len(b) for b in batches], self.world_size)):
+            chunks.append((lines, rank * workers + dealt[rank] % workers))
             dealt[rank] += 1
-            start += size
         return chunks
 
     def lines_per_rank(self) -> List[int]:
-        """How many lines each rank reads per epoch (the same every epoch: the permutation changes which lines,
-        not how many)."""
+        """How many lines each rank reads in epoch 0 (the same every epoch except with bucket batching, whose batch
+        sizes depend on which lengths a run holds: the permutation changes which lines, not how many)."""
         workers = max(1, self.conf.dataloader_conf.num_workers)
         counts = [0] * self.world_size
         for lines, worker in self.chunks(0, workers):

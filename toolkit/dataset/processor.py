@@ -80,6 +80,20 @@ def parse_raw(sample: dict) -> dict:
     return out
 
 
+def audio_seconds(line: str) -> float:
+    """Duration in seconds of a raw data.list line's audio, from the file's header (no decoding), or its segment's
+    ``end - start``; 0.0 for a line or file the pipeline will skip when it reads it (it counts the reason then).
+    What the epoch's batches are planned from (:func:`toolkit.dataset.pipeline.plan_batches`)."""
+    try:
+        sample = parse_raw({"line": line})
+        if "end" in sample:
+            return sample["end"] - sample.get("start", 0.0)
+        info = sf.info(sample["wav"])
+        return info.frames / info.samplerate
+    except (SkipSample, RuntimeError, OSError):  # NOTE: soundfile raises LibsndfileError (a RuntimeError)
+        return 0.0
+
+
 def read_audio(sample: dict) -> dict:
     """Read audio (any libsndfile format: WAV, FLAC, Ogg Opus, ...) as float32 mono.
 

@@ -13,7 +13,7 @@ import yaml
 
 from toolkit.dataset import processor, resolve_dataset_conf
 from toolkit.dataset.conf import FbankConf
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, chunk_sizes, deal_chunks, read_transcripts
+from toolkit.dataset.pipeline import build_dataloader, build_dataset, deal_chunks, plan_batches, read_transcripts
 from toolkit.dataset.shard import write_shard
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 from toolkit.utils.config import ConfigError
@@ -73,7 +73,8 @@ def test_partition_two_ranks_two_workers_each_key_once(tmp_path, tokenizer):
             per_rank.append(keys)
         all_keys = per_rank[0] + per_rank[1]
         assert sorted(all_keys) == sorted(e["key"] for e in entries)
-        assert {len(k) for k in per_rank} == {9, 6}  # 5 chunks of one batch (3 lines): 3 and 2 chunks
+        # runs of 4 sorted lines make batches of 3 + 1 (3 1 3 1 3 1 3), each to the rank with fewer lines so far
+        assert {len(k) for k in per_rank} == {7, 8}
         orders.append(per_rank)
     assert orders[0] != orders[1]
     assert set(orders[0][0]) != set(orders[1][0])  # the epoch permutation moves lines across ranks
@@ -313,20 +314,33 @@ def epoch_batches(data_list, tokenizer, world_size, num_workers, consumed=None, 
     return per_rank, skipped
 
 
-def test_chunks_shrink_to_one_batch_and_the_dealing_evens_out_the_ranks():
-    conf = resolve_dataset_conf({"batch_conf": {"batch_size": 8}, "sort_conf": {"sort_size": 500}})
-    sizes = chunk_sizes(6016, conf)  # the recipe's training set
-    assert sum(sizes) == 6016 and sizes[0] == 496 and sizes[-8:] == [8] * 8 and len(sizes) == 47
-    assert sizes == sorted(sizes, reverse=True) and all(size % 8 == 0 for size in sizes)
-    for world_size in range(1, 11):
+def test_planned_batches_are_sorted_runs_and_the_dealing_evens_out_the_ranks():
+    conf = resolve_dataset_conf({"batch_conf": {"batch_size": 8}, "sort_conf": {"sort_size": 20}})
+    frames = [(i * 37) % 101 for i in range(50)]
+    order = list(range(50))[::-1]
+    batches = plan_batches(order, frames, conf)
+    # runs of 20, 20 and 10 lines, each sorted by length and cut into batches of 8: 8 8 4 | 8 8 4 | 8 2
+    assert [len(b) for b in batches] == [8, 8, 4, 8, 8, 4, 8, 2]
+    runs = [order[:20], order[20:40], order[40:]]
+    assert [i for b in batches[:3] for i in b] == sorted(runs[0], key=lambda i: frames[i])
+    assert sorted(i for b in batches for i in b) == list(range(50))
+    # the recipe's training set: 6,016 lines in batches of 8, sort runs of 500: the ranks end one batch apart
+    sizes = [len(b) for b in plan_batches(list(range(6016)), [100] * 6016, resolve_dataset_conf(
+        {"batch_conf": {"batch_size": 8}, "sort_conf": {"sort_size": 500}}))]
+    assert sum(sizes) == 6016 and sizes.count(4) == 12 and set(sizes) == {8, 4}
+    for world_size in range(1, 17):
         loads = Counter()
         for size, rank in zip(sizes, deal_chunks(sizes, world_size)):
             loads[rank] += size
         assert len(loads) == world_size and max(loads.values()) - min(loads.values()) <= 8  # one batch
     assert deal_chunks([8, 8, 8, 8, 2], 2) == [0, 1, 0, 1, 0] and deal_chunks([496, 8, 8], 2) == [0, 1, 1]
-    # Static batches without sorting: every chunk is one batch. Buckets: at least the largest bucket batch.
-    assert chunk_sizes(20, resolve_dataset_conf({"sort": False, "batch_conf": {"batch_size": 8}})) == [8, 8, 4]
-    assert chunk_sizes(82, resolve_dataset_conf({"batch_conf": {"batch_type": "bucket"}})) == [32, 32, 18]
+    # Static batches without sorting: the order cut as it is. Buckets: by length, shortest partial bucket first.
+    unsorted = resolve_dataset_conf({"sort": False, "batch_conf": {"batch_size": 8}})
+    assert plan_batches(list(range(20)), frames, unsorted) == [list(range(8)), list(range(8, 16)), [16, 17, 18, 19]]
+    bucket = resolve_dataset_conf({"batch_conf": {"batch_type": "bucket", "bucket_boundaries": [50],
+                                                  "bucket_batch_sizes": [4, 2]}})
+    planned = plan_batches(list(range(10)), frames, bucket)
+    assert all(len({frames[i] > 50 for i in b}) == 1 for b in planned) and sorted(sum(planned, [])) == list(range(10))
 
 
 @pytest.mark.parametrize("batch_conf", [CHUNK_CONF["batch_conf"], {"batch_type": "bucket", "bucket_boundaries": [60],
@@ -352,14 +366,14 @@ def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(d
 def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_chunk(data_list, tokenizer,
                                                                                    monkeypatch):
     (first, second), _ = epoch_batches(data_list, tokenizer, 2, 2)
-    # The checkpoint: each of the 2 ranks (2 loader workers each) trained its first 3 batches: whole chunks and
-    # parts of others.
+    # The checkpoint: each of the 2 ranks (2 loader workers each) trained its first 3 batches (each chunk is one
+    # planned batch, so these are 6 finished chunks).
     consumed = {}
     for batch in first[:3] + second[:3]:
         chunk, index, last = batch["position"]
         consumed[chunk] = (index + 1, last)
     finished = [chunk for chunk, (_, done) in consumed.items() if done]
-    assert finished and len(finished) < len(consumed)
+    assert len(finished) == len(consumed) == 6
     # On 2 ranks again: each rank goes on with exactly the batches it would have trained next, in the order its
     # loader's round robin over the workers gave them.
     (first_rest, second_rest), _ = epoch_batches(data_list, tokenizer, 2, 2, consumed)
