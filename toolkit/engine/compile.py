@@ -31,6 +31,7 @@ are drawn from torch's generator too.
 from __future__ import annotations
 
 import torch
+import torch._inductor.config
 import torch.fx.experimental._config
 from torch import nn
 
@@ -47,6 +48,10 @@ def compile_blocks(model: nn.Module) -> list[str]:
     # NOTE: no "duck sizing": dynamo otherwise assumes two sizes that are equal in the first batch stay equal (a
     # decoder's L and the encoder's T', a batch's B and its T') and compiles again when they differ.
     torch.fx.experimental._config.use_duck_shape = False
+    # NOTE: inductor compiles in this process, not in its pool of compile workers: a DataLoader worker forked while
+    # that pool ran hung in the fork once in our tests (the cross-validation loader of a resumed 2-rank job), and
+    # PyTorch's own distributed inductor tests set the same (compile_threads 1; pytorch/pytorch#125235).
+    torch._inductor.config.compile_threads = 1
     names: list[str] = []
     for list_name, blocks in model.named_modules():
         inside_compiled = any(list_name.startswith(f"{name}.") for name in names)
