@@ -33,6 +33,12 @@ class ConvolutionModule(nn.Module):
         self.pointwise_conv1 = nn.Linear(channels, 2 * channels, bias=bias)
         self.depthwise_conv = nn.Conv2d(channels, channels, (1, kernel_size),
                                         padding=(0, (kernel_size - 1) // 2), groups=channels, bias=bias)
+        # NOTE: its weight is kept channels-last, the layout of the gradient the channels-last convolution returns:
+        # DDP's gradient buckets follow each parameter's strides, so a contiguous weight made DDP copy (and warn
+        # about) that gradient every step.
+        weight = self.depthwise_conv.weight.data  # (D, 1, 1, K)
+        channels_last = torch.empty_strided(weight.shape, (kernel_size, 1, kernel_size, 1), dtype=weight.dtype)
+        self.depthwise_conv.weight.data = channels_last.copy_(weight)
         self.use_layer_norm = norm == "layer_norm"
         self.norm = nn.LayerNorm(channels) if self.use_layer_norm else nn.BatchNorm2d(channels)
         self.activation = activation
