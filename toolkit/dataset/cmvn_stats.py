@@ -15,6 +15,7 @@ from multiprocessing import Pool
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from toolkit.dataset.processor import SkipSample, compute_fbank, parse_raw, read_audio, resample
@@ -85,7 +86,10 @@ def compute_stats(entries: List[dict], fbank_conf: dict, resample_rate: int, num
     worker = partial(utterance_stats, fbank_conf=fbank_conf, resample_rate=resample_rate)
     with contextlib.ExitStack() as stack:
         if num_workers > 1:
-            results = stack.enter_context(Pool(num_workers)).imap_unordered(worker, entries, chunksize=16)
+            # NOTE: one torch thread per worker: with torch's default (one per core) the workers' fbank threads
+            # outnumber the cores and spin against each other.
+            pool = stack.enter_context(Pool(num_workers, initializer=torch.set_num_threads, initargs=(1,)))
+            results = pool.imap_unordered(worker, entries, chunksize=16)
         else:
             results = map(worker, entries)
         for stats in tqdm(results, total=len(entries), desc="cmvn"):
