@@ -43,6 +43,8 @@ def frame_counts(corpus_dir: str, corpora: list[str]) -> list[int]:
     """10 ms frames (25 ms window) of every training utterance, from the audio headers, at 16 kHz."""
     frames = []
     for corpus in corpora:
+        if not os.path.isdir(os.path.join(corpus_dir, corpus)):
+            raise SystemExit(f"--corpus_dir {corpus_dir}: no corpus {corpus} there")
         with open(os.path.join(corpus_dir, corpus, "data", "train", "wav.scp"), encoding="utf-8") as f:
             for line in f:
                 info = sf.info(os.path.join(corpus_dir, corpus, line.split()[1]))
