@@ -158,8 +158,9 @@ class AsrDataset(IterableDataset):
       is made), dealt to ranks by :func:`deal_chunks` and, within a rank, to its workers in turn. The epoch's
       batches are then the same for every world size (a mid-epoch checkpoint resumes on any number of ranks), as
       well sorted as one sort buffer over the whole list, and the ranks end the epoch at most one batch apart.
-    * Otherwise (shards, whose lines are read sequentially and cannot be cut finer; dynamic batching, whose
-      batches have no size in lines to cut chunks to; cross-validation and test): chunk ``g`` is global worker
+    * Otherwise (shards, whose lines are read sequentially and cannot be cut finer; dynamic batching, whose cap on
+      padded frames is a memory bound that lengths planned before speed perturbation cannot keep; cross-validation
+      and test): chunk ``g`` is global worker
       ``g``'s share, positions ``i`` with ``i % (world_size * num_workers) == g``, global worker =
       ``rank * num_workers + worker_id``. With shards the unit is a whole shard, read in order by its worker.
 
