@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from toolkit.utils.perf import print_side_by_side, run_bench_train
+from toolkit.utils.perf import fresh_dir, print_side_by_side, run_bench_train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_TRAIN = os.path.join(REPO, "benchmarks", "bench_train.py")
@@ -78,8 +78,7 @@ def main() -> None:
     for i in range(args.rounds):
         result = {}
         for side, v in variants.items():
-            run_dir = os.path.join(args.work_dir, f"r{i + 1}_{side}")
-            os.makedirs(run_dir, exist_ok=True)
+            run_dir = fresh_dir(os.path.join(args.work_dir, f"r{i + 1}_{side}"))
             result[side] = run_bench_train(os.path.join(v["source"], "benchmarks", "bench_train.py"), args.config,
                                            args.num_utts, args.work_dir, run_dir, v["overrides"], v["env"],
                                            args.timeout_s)

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-from toolkit.utils.perf import print_side_by_side, run_bench_train, run_logged, summarize_run
+from toolkit.utils.perf import fresh_dir, print_side_by_side, run_bench_train, run_logged, summarize_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_TRAIN = os.path.join(REPO, "benchmarks", "bench_train.py")
@@ -124,8 +124,7 @@ def main() -> None:
     for i in range(args.rounds):
         result = {}
         for side in ("ours", "wenet"):
-            run_dir = os.path.join(args.work_dir, f"r{i + 1}_{side}")
-            os.makedirs(run_dir, exist_ok=True)
+            run_dir = fresh_dir(os.path.join(args.work_dir, f"r{i + 1}_{side}"))
             result[side] = (run_bench_train(BENCH_TRAIN, args.config, args.num_utts, args.work_dir, run_dir,
                                             args.override_config, timeout_s=args.timeout_s)
                             if side == "ours" else run_wenet(args, data, wenet_config, run_dir))

@@ -21,7 +21,7 @@ from ..distributed.recipe_data import assert_bit_identical
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN_SH = os.path.join(REPO, "run.sh")
 LAUNCH = os.path.join(REPO, "tools", "launch_nodes.sh")
-TIMEOUT_S = 900  # one job: well under a minute on 2 idle cores; a hang still fails here
+TIMEOUT_S = 300  # one job: well under a minute on 2 idle cores; a hang fails here, with the job's output
 DEEPSPEED = ("--train_engine", "deepspeed", "--deepspeed_config", "conf/ds_stage2.json")
 # batch 8: 5 optimizer steps per epoch and rank; step_4 is the epoch's 4th batch
 RESTART_OVERRIDES = "dataset_conf.batch_conf.batch_size 8;train_conf.max_epoch 2;train_conf.save_interval_steps 4"
@@ -44,22 +44,60 @@ def data(tmp_path_factory):
     return root / "data"
 
 
-def stage4(data, exp, *options, env=None) -> subprocess.Popen:
-    """``run.sh --stage 4 --stop_stage 4`` in its own session (so that a timeout kills torchrun's workers too)."""
-    cmd = ["bash", RUN_SH, "--stage", "4", "--stop_stage", "4", "--train_config", "conf/train_tiny.yaml",
-           "--data", str(data), "--dir", str(exp), "--tensorboard_dir", str(exp / "tb"), *options]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+def start_job(cmd: list[str]) -> subprocess.Popen:
+    """``cmd`` with its output captured and ``TOOLKIT_TEST_RUN`` (``proc.run_id``) in its environment, which every
+    process of the job inherits: torchrun starts its workers in sessions of their own, so the id is how
+    :func:`finish` finds them all."""
+    run_id = uuid.uuid4().hex
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "TOOLKIT_TEST_RUN": run_id})
+    proc.run_id = run_id
+    return proc
+
+
+def stage4(data, exp, *options) -> subprocess.Popen:
+    """``run.sh --stage 4 --stop_stage 4`` on the tiny conformer."""
+    return start_job(["bash", RUN_SH, "--stage", "4", "--stop_stage", "4", "--train_config", "conf/train_tiny.yaml",
+                      "--data", str(data), "--dir", str(exp), "--tensorboard_dir", str(exp / "tb"), *options])
+
+
+def _pids_of(run_id: str, *env_entries: str) -> list[int]:
+    """The processes whose environment holds ``TOOLKIT_TEST_RUN=run_id`` and every one of ``env_entries``."""
+    wanted = {f"TOOLKIT_TEST_RUN={run_id}".encode(), *(entry.encode() for entry in env_entries)}
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= env:
+            pids.append(int(pid))
+    return pids
 
 
 def finish(procs) -> tuple[list[int], list[str]]:
+    """Wait for the jobs; one still running after TIMEOUT_S fails the test with its output, and no process of any
+    job outlives this call."""
     try:
         outs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            _kill_job(proc)
+        outs = [proc.communicate()[0] for proc in procs]
+        pytest.fail(f"a job ran past {TIMEOUT_S} s; its output:\n" + "\n".join(out[-4000:] for out in outs))
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            _kill_job(proc)
     return [proc.returncode for proc in procs], outs
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    for pid in _pids_of(proc.run_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.mark.parametrize("engine", [(), DEEPSPEED], ids=["torch_ddp", "deepspeed_zero2"])
@@ -74,10 +112,8 @@ def test_two_nodes_on_loopback_train_and_write_each_checkpoint_once(data, tmp_pa
                         "--data", str(data), "--dir", str(exp), "--tensorboard_dir", str(exp / "tb"),
                         "--num_nodes $NUM_NODES --HOST_NODE_ADDR $HOST_NODE_ADDR --nproc_per_node 1",
                         "--overrides 'train_conf.max_epoch 1'", *engine])
-    proc = subprocess.Popen([LAUNCH, "--hostfile", str(hostfile), "--ssh", str(fake_ssh),
-                             "--host_node_addr", f"127.0.0.1:{free_port()}", "--", command],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = start_job([LAUNCH, "--hostfile", str(hostfile), "--ssh", str(fake_ssh),
+                      "--host_node_addr", f"127.0.0.1:{free_port()}", "--", command])
     codes, logs = finish([proc])
     text = logs[0]
     assert codes == [0], text[-4000:]
@@ -99,28 +135,21 @@ def test_a_node_that_never_arrives_ends_the_job_with_one_line(data, tmp_path):
     assert time.monotonic() - started < 120
 
 
-def _pid_of_rank(run_id: str, local_rank: int) -> int | None:
-    """The training worker of this test's job with ``local_rank``, found by the environment torchrun gave it."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if f"TOOLKIT_TEST_RUN={run_id}".encode() in env and f"LOCAL_RANK={local_rank}".encode() in env:
-            return int(pid)
-    return None
-
-
-def _kill_rank_1_after(exp, tag: str, run_id: str, proc: subprocess.Popen) -> None:
+def _kill_rank_1_after(exp, tag: str, proc: subprocess.Popen) -> None:
     """SIGKILL local rank 1 as soon as checkpoint ``tag`` is committed (its .yaml exists)."""
     deadline = time.monotonic() + TIMEOUT_S
     while not (exp / f"{tag}.yaml").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the job ended before the checkpoint"
         time.sleep(0.01)
-    pid = _pid_of_rank(run_id, 1)
-    assert pid is not None
+    # the worker itself, not its loader workers (the same environment): the one whose parent is torchrun's agent
+    ranks = _pids_of(proc.run_id, "LOCAL_RANK=1")
+    (pid,) = [pid for pid in ranks if _parent(pid) not in ranks]
     os.kill(pid, signal.SIGKILL)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.parametrize("engine", [(), DEEPSPEED], ids=["torch_ddp", "deepspeed_zero2"])
@@ -131,10 +160,9 @@ def test_a_killed_rank_restarts_and_the_job_ends_bit_identical(data, tmp_path, e
     codes, logs = finish([stage4(data, full, *options)])
     full_s = time.monotonic() - started
     assert codes == [0], logs[0][-4000:]
-    run_id = uuid.uuid4().hex
-    proc = stage4(data, killed, *options, env={"TOOLKIT_TEST_RUN": run_id})
+    proc = stage4(data, killed, *options)
     started = time.monotonic()
-    _kill_rank_1_after(killed, "step_4", run_id, proc)
+    _kill_rank_1_after(killed, "step_4", proc)
     codes, logs = finish([proc])
     log = logs[0]
     assert codes == [0], log[-4000:]

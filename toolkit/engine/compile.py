@@ -48,9 +48,10 @@ def compile_blocks(model: nn.Module) -> list[str]:
     # NOTE: no "duck sizing": dynamo otherwise assumes two sizes that are equal in the first batch stay equal (a
     # decoder's L and the encoder's T', a batch's B and its T') and compiles again when they differ.
     torch.fx.experimental._config.use_duck_shape = False
-    # NOTE: inductor compiles in this process, not in its pool of compile workers: a DataLoader worker forked while
-    # that pool ran hung in the fork once in our tests (the cross-validation loader of a resumed 2-rank job), and
-    # PyTorch's own distributed inductor tests set the same (compile_threads 1; pytorch/pytorch#125235).
+    # NOTE: inductor compiles in this process, not in its pool of compile workers, as PyTorch's own distributed
+    # inductor tests do (pytorch/pytorch#125235); on 2 cores the pool compiled no faster (test_compile and the
+    # compiled resume test: 62 s with it, 59 s without). A loader hang once blamed on the pool was the fork bug
+    # that toolkit.dataset.pipeline.worker_context avoids.
     torch._inductor.config.compile_threads = 1
     names: list[str] = []
     for list_name, blocks in model.named_modules():

@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import multiprocessing.forkserver
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -213,7 +215,12 @@ def summarize_steps(rank_steps: list[list[dict]], frame_shift_s: float, warmup: 
 
 def peak_rss_mib() -> dict:
     """Peak resident set size in MiB (Linux ``ru_maxrss``, KiB): ``self``, this process; ``children``, the largest
-    of its children that have exited and been waited for (e.g. DataLoader workers of a finished epoch)."""
+    of its descendants that have exited and been waited for: the DataLoader workers of finished epochs, which are
+    children of the loader's forkserver (:func:`toolkit.dataset.pipeline.worker_context`). The server is stopped
+    first, so that it and the workers it waited for count; call this once no loader is iterated any more."""
+    # NOTE: multiprocessing has no public call that stops its forkserver (its own tests use this one); a loader
+    # iterated later starts a new server.
+    multiprocessing.forkserver._forkserver._stop()
     return {"self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
@@ -351,6 +358,14 @@ def run_logged(cmd: list[str], log_path: str, timeout_s: float, env: Optional[di
     if proc.returncode != 0:
         with open(log_path, encoding="utf-8") as log:
             raise SystemExit(f"{cmd[:4]} failed (exit {proc.returncode}); {log_path}:\n{log.read()[-3000:]}")
+
+
+def fresh_dir(path: str) -> str:
+    """``path`` as an empty folder (a benchmark run's outputs; WeNet's trainer fails at its end on a model dir that
+    already holds a run's ``final.pt``). Returns ``path``."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
 
 
 def run_bench_train(bench_train: str, config: str, num_utts: int, work_dir: str, run_dir: str,
