@@ -19,5 +19,6 @@ def padded_build_dataset(*args, **kwargs):
     return dataset
 
 
-recognize.build_dataset = padded_build_dataset
-recognize.main(sys.argv[1:])
+if __name__ == "__main__":  # loader workers run this file's top level again
+    recognize.build_dataset = padded_build_dataset
+    recognize.main(sys.argv[1:])

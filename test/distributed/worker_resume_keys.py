@@ -25,15 +25,6 @@ from toolkit.text.tokenizer import CharTokenizer  # noqa: E402
 CONF = {"batch_conf": {"batch_size": 4}, "sort_conf": {"sort_size": 12}, "volume_perturb": True,
         "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
 
-parser = argparse.ArgumentParser()
-parser.add_argument("out_dir")
-parser.add_argument("data_list")
-parser.add_argument("units")
-parser.add_argument("--save_interval_steps", type=int, default=0)
-parser.add_argument("--checkpoint", default=None)
-args = parser.parse_args()
-
-ctx = init_distributed(timeout_s=120)
 trained, dropped = [], []
 
 
@@ -50,18 +41,33 @@ class RecordingJoin(FlagJoin):
             yield batch
 
 
-dataset = build_dataset(args.data_list, CharTokenizer(args.units), CONF, rank=ctx.rank, world_size=ctx.world_size)
-train_conf = resolve_train_conf({"max_epoch": 1, "log_interval": 100, "save_interval_steps": args.save_interval_steps})
-engine, _ = prepared_ddp_engine(ctx, train_conf)
-join = RecordingJoin(ctx.pg_timeout, is_empty=lambda batch: len(batch["keys"]) == 0)
-signature = data_signature(None, args.data_list, CONF, train_conf.accum_grad)
-executor = Executor(engine, join, Checkpointer(engine, args.out_dir, train_conf), train_conf, 0.01, signature)
-if args.checkpoint:
-    executor.resume(args.checkpoint, dataset)
-stats = executor.train(build_dataloader(dataset), dataset)
-report = {"trained": trained, "dropped": dropped, "step": executor.progress.step, "utts": stats.num_utts,
-          "dropped_utts": stats.dropped_utts, "skipped": sum(stats.skipped.values())}
-with open(os.path.join(args.out_dir, f"rank{ctx.rank}.json"), "w") as f:
-    json.dump(report, f)
-join.close()
-destroy_distributed()
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("data_list")
+    parser.add_argument("units")
+    parser.add_argument("--save_interval_steps", type=int, default=0)
+    parser.add_argument("--checkpoint", default=None)
+    args = parser.parse_args()
+
+    ctx = init_distributed(timeout_s=120)
+    dataset = build_dataset(args.data_list, CharTokenizer(args.units), CONF, rank=ctx.rank, world_size=ctx.world_size)
+    train_conf = resolve_train_conf({"max_epoch": 1, "log_interval": 100,
+                                     "save_interval_steps": args.save_interval_steps})
+    engine, _ = prepared_ddp_engine(ctx, train_conf)
+    join = RecordingJoin(ctx.pg_timeout, is_empty=lambda batch: len(batch["keys"]) == 0)
+    signature = data_signature(None, args.data_list, CONF, train_conf.accum_grad)
+    executor = Executor(engine, join, Checkpointer(engine, args.out_dir, train_conf), train_conf, 0.01, signature)
+    if args.checkpoint:
+        executor.resume(args.checkpoint, dataset)
+    stats = executor.train(build_dataloader(dataset), dataset)
+    report = {"trained": trained, "dropped": dropped, "step": executor.progress.step, "utts": stats.num_utts,
+              "dropped_utts": stats.dropped_utts, "skipped": sum(stats.skipped.values())}
+    with open(os.path.join(args.out_dir, f"rank{ctx.rank}.json"), "w") as f:
+        json.dump(report, f)
+    join.close()
+    destroy_distributed()
+
+
+if __name__ == "__main__":  # loader workers run this file's top level again
+    main()

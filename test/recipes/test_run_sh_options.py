@@ -2,6 +2,7 @@
 stage runs (the corpus dir given does not exist, so a check that let the run through would fail differently)."""
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -17,6 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     (["--train_config", "conf/train_tiny.yaml", "--overrides", "train_conf.max_epoch 2"],
      "--average_num 3 needs at least 3 epochs, but train_conf.max_epoch is 2"),
     (["--overrides", "train_conf.max_epok 2"], "unknown key 'max_epok' at train_conf"),
+    (["--stage", "4", "--stop_stage", "4", "--overrides", "train_conf.max_epoch x"], "train_conf.max_epoch"),
 ])
 def test_bad_options_stop_before_any_stage(tmp_path, options, message):
     proc = subprocess.run(["bash", os.path.join(REPO, "run.sh"), "--corpus_dir", str(tmp_path / "nope"),
@@ -24,4 +26,5 @@ def test_bad_options_stop_before_any_stage(tmp_path, options, message):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert message in proc.stderr, proc.stderr
-    assert "stage -1" not in proc.stdout and not (tmp_path / "exp").exists()
+    assert not re.search(r"^stage -?\d", proc.stdout, re.M) and not (tmp_path / "exp").exists()
+    assert "Traceback" not in proc.stderr

@@ -112,9 +112,9 @@ else
 fi
 IFS=';' read -ra extra <<< "$overrides"
 for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_config "$o"); done
-if (( stage <= 4 && stop_stage >= 5 && average_num > 0 )); then
-  # The config and overrides are read now (a typo is one line before any work), and the averaging is checked
-  # against the epochs this run will train, not after them.
+if (( stage <= 4 && stop_stage >= 4 )); then
+  # The config and overrides are read now (a typo is one line before any work, not one per rank and torchrun's
+  # traceback), and the averaging is checked against the epochs this run will train, not after them.
   override_values=()
   for ((i = 1; i < ${#train_overrides[@]}; i += 2)); do override_values+=("${train_overrides[$i]}"); done
   max_epoch=$(python -c 'import sys; from toolkit.config import read_config; from toolkit.utils.config import ConfigError
@@ -122,7 +122,7 @@ try:
     print(read_config(sys.argv[1], sys.argv[2:]).train_conf.max_epoch)
 except ConfigError as e:
     sys.exit(f"--train_config/--overrides: {e}")' "$train_config" "${override_values[@]}") || exit 1
-  (( max_epoch >= average_num )) ||
+  (( stop_stage < 5 || average_num == 0 || max_epoch >= average_num )) ||
     die "--average_num $average_num needs at least $average_num epochs, but train_conf.max_epoch is $max_epoch (lower --average_num, or 0 for the last epoch)"
 fi
 

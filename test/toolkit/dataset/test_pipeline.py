@@ -452,8 +452,9 @@ import sys, time
 from toolkit.dataset.pipeline import build_dataloader, build_dataset
 from toolkit.text.tokenizer import CharTokenizer
 if __name__ == "__main__":
-    dataset = build_dataset(sys.argv[1], CharTokenizer(sys.argv[2]), {"dataloader_conf": {"num_workers": 2}},
-                            mode="cv")
+    # batches of 1 and 2 in flight per worker: neither worker can run out (and exit) before the kill
+    conf = {"batch_conf": {"batch_size": 1}, "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
+    dataset = build_dataset(sys.argv[1], CharTokenizer(sys.argv[2]), conf, mode="cv")
     it = iter(build_dataloader(dataset))
     next(it)
     print(*[worker.pid for worker in it._workers], flush=True)
@@ -472,15 +473,17 @@ def _alive(pid: int) -> bool:
 def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, tokenizer):
     # The case: a rank killed with SIGKILL mid-epoch. torch's watchdog in a worker watches its parent pid, which
     # for a forkserver child is the server; without end_with_the_loader the workers (and the server) lived on.
-    entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]][:4]
+    entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]][:12]
     data_list = write_list(tmp_path / "data.list", entries)
     script = tmp_path / "loader_then_sleep.py"
     script.write_text(LOADER_THEN_SLEEP)
-    proc = subprocess.Popen([sys.executable, str(script), data_list, tokenizer.symbol_table_path],
-                            stdout=subprocess.PIPE, text=True)
+    stderr = tmp_path / "stderr.txt"  # also its resource tracker's (it reports the semaphores the kill leaked)
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen([sys.executable, str(script), data_list, tokenizer.symbol_table_path],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         workers = [int(pid) for pid in proc.stdout.readline().split()]
-        assert len(workers) == 2 and all(map(_alive, workers))
+        assert len(workers) == 2 and all(map(_alive, workers)), stderr.read_text()[-3000:]
         assert all(_parent_pid(pid) != proc.pid for pid in workers)  # children of the forkserver
         proc.kill()
         proc.wait(timeout=30)
