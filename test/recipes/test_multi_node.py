@@ -2,6 +2,7 @@
 conformer): two "nodes" on loopback for both engines, a node that never arrives, and a rank killed with SIGKILL in the
 middle of an epoch under ``--max_restarts``, whose job must end bit-identical to one that was never interrupted."""
 
+import contextlib
 import os
 import re
 import signal
@@ -94,10 +95,8 @@ def finish(procs) -> tuple[list[int], list[str]]:
 
 def _kill_job(proc: subprocess.Popen) -> None:
     for pid in _pids_of(proc.run_id):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # ended since it was listed
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.mark.parametrize("engine", [(), DEEPSPEED], ids=["torch_ddp", "deepspeed_zero2"])
