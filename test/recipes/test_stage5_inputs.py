@@ -1,6 +1,7 @@
 """What stage 5 of the recipe decodes with: recognize.py refuses a symbol table that does not fit the model (the
 dict-model-mismatch case) or that is itself broken, with one log line and exit status 2, before it writes any
-result; ``run.sh --average_num 0`` decodes the newest committed epoch by its number."""
+result; so is a word LM KenLM cannot read, and one it can is fused as given; ``run.sh --average_num 0`` decodes the
+newest committed epoch by its number."""
 
 import json
 import os
@@ -39,11 +40,11 @@ def make_model(tmp_path, checkpoint="m.pt"):
             f.write(json.dumps({"key": key, "wav": wav, "txt": "ZERO"}) + "\n")
 
 
-def decode(tmp_path, table):
+def decode(tmp_path, table, *options, result="result", modes=("ctc_greedy_search",)):
     cmd = [sys.executable, "-m", "toolkit.bin.recognize", "--config", str(tmp_path / "train.yaml"),
            "--checkpoint", str(tmp_path / "m.pt"), "--test_data", str(tmp_path / "test.list"),
-           "--result_dir", str(tmp_path / f"result-{table}"), "--modes", "ctc_greedy_search",
-           "--override_config", f"tokenizer_conf.symbol_table_path {tmp_path / table}"]
+           "--result_dir", str(tmp_path / f"{result}-{table}"), "--modes", *modes,
+           "--override_config", f"tokenizer_conf.symbol_table_path {tmp_path / table}", *options]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -64,6 +65,28 @@ def test_a_table_that_does_not_fit_the_model_is_refused_in_one_line(tmp_path):
         assert not (tmp_path / f"result-{table}").exists()
 
 
+def test_a_word_lm_is_used_as_given_and_a_file_kenlm_cannot_read_is_refused_in_one_line(tmp_path):
+    make_model(tmp_path)
+    lm = tmp_path / "lm.arpa"
+    subprocess.run([sys.executable, str(ROOT / "tools/train_ngram_lm.py"),
+                    str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(lm)], check=True, capture_output=True, timeout=60)
+    modes = ("ctc_prefix_beam_search", "attention_rescoring")
+    proc = decode(tmp_path, "units19.txt", "--lm", str(lm), "--lm_weight", "0.7", "--word_bonus", "1",
+                  "--open_word_penalty", "-10", modes=modes)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "result-units19.txt" / "decode_summary.json").read_text())
+    assert summary["lm"] == {"path": str(lm), "lm_weight": 0.7, "word_bonus": 1.0, "open_word_penalty": -10.0}
+    assert f"word LM {lm}: 3-gram, weight 0.7, word bonus 1.0, open-word penalty -10.0" in proc.stderr
+    for mode in modes:
+        assert len((tmp_path / "result-units19.txt" / mode / "text").read_text().splitlines()) == 2
+    broken = tmp_path / "broken.arpa"
+    broken.write_text("not an ARPA file\n")
+    proc = decode(tmp_path, "units19.txt", "--lm", str(broken), result="broken")
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert proc.returncode == 2 and len(errors) == 1 and f"--lm {broken}: " in errors[0], proc.stderr[-2000:]
+    assert not (tmp_path / "broken-units19.txt").exists()
+
+
 def test_average_num_0_decodes_the_newest_epoch_by_number(tmp_path):
     """A model dir with "_" in its name once made ``sort -t_`` pick epoch_9 over epoch_10."""
     model_dir = tmp_path / "my_exp_dir"
@@ -78,7 +101,7 @@ def test_average_num_0_decodes_the_newest_epoch_by_number(tmp_path):
     (data / "text").write_text("theo-0-00 ZERO\ntheo-1-00 ONE\n")
     proc = subprocess.run(["bash", str(ROOT / "run.sh"), "--stage", "5", "--stop_stage", "5", "--average_num", "0",
                            "--corpora", "fsdd", "--data", str(tmp_path / "data"), "--dir", str(model_dir),
-                           "--decode_modes", "ctc_greedy_search", "--nproc_per_node", "1"],
+                           "--decode_modes", "ctc_greedy_search", "--nproc_per_node", "1", "--lm_order", "0"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"stage 5: decoding the newest epoch as it is: {model_dir}/epoch_10.pt" in proc.stdout

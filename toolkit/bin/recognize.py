@@ -13,7 +13,11 @@ Usage (the recipe's stage 5 runs the torchrun form with ``--decode_nproc_per_nod
 Writes, from global rank 0, per mode ``<result_dir>/<mode>/text`` (``key hyp`` lines in the data.list's order),
 ``<mode>/wer`` and ``<mode>/cer`` (``N=.. C=.. S=.. D=.. I=..`` and the rate, the format of
 ``tools/compute_wer.py``), and ``<result_dir>/decode_summary.json`` (utterance counts, skips by reason, audio
-seconds, wall time, real-time factor, the counts of every mode).
+seconds, wall time, real-time factor, the LM and its weights, the counts of every mode).
+
+With ``--lm`` (a word n-gram LM, :class:`toolkit.text.ngram_lm.WordNgramLM`), ``ctc_prefix_beam_search`` is fused
+with it, and ``attention_rescoring`` rescores that n-best with the LM score kept in the sum; ``ctc_greedy_search``
+and ``attention`` do not use it.
 
 How the ranks share the work: each rank decodes its own part of the data.list, the training partition of
 :mod:`toolkit.dataset.pipeline` (every raw line, or every shard, goes to exactly one rank and loader worker; ranks
@@ -50,6 +54,7 @@ from toolkit.distributed.metrics import score_across_ranks
 from toolkit.distributed.progress import JobProgress
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS
+from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
 from toolkit.utils.config import ConfigError, exit_on_config_error
@@ -72,6 +77,14 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--length_penalty", type=float, default=0.0,
                         help="added to a hypothesis' log-probability per token, in attention (on top of its length "
                              "normalisation) and attention rescoring; > 0 favours longer outputs")
+    parser.add_argument("--lm", default="",
+                        help="word n-gram LM (ARPA or KenLM binary, e.g. from tools/train_ngram_lm.py) fused into "
+                             "ctc_prefix_beam_search and so into attention_rescoring's n-best; empty: none")
+    parser.add_argument("--lm_weight", type=float, default=0.5, help="with --lm: weight of its natural-log score")
+    parser.add_argument("--word_bonus", type=float, default=0.0, help="with --lm: added per word of a hypothesis")
+    parser.add_argument("--open_word_penalty", type=float, default=0.0,
+                        help="with --lm (an ARPA file): added to a prefix while its last word begins no word of the "
+                             "LM (<= 0; 0: off)")
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
     return parser.parse_args(argv)
@@ -89,7 +102,8 @@ def test_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
         shuffle=False, sort=False, tokenize_conf=TokenizeConf(max_unk_ratio=1.0))
 
 
-def decode_share(model, loader, tokenizer, args, device: torch.device, progress: JobProgress) -> RankResults:
+def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device: torch.device,
+                 progress: JobProgress) -> RankResults:
     """Decode every batch of this rank's loader with all ``args.modes``; counts each utterance (decoded or
     skipped) into ``progress``. A clip too short for a single encoder frame (under 7 fbank frames) decodes to the
     empty hypothesis in every mode (``ASRModel.decode``); it is named and counted under ``no_encoder_frame``."""
@@ -104,7 +118,7 @@ def decode_share(model, loader, tokenizer, args, device: torch.device, progress:
                 results.no_encoder_frame += 1
             hyps = model.decode(args.modes, batch["feats"].to(device), batch["feats_lengths"].to(device),
                                 beam_size=args.beam_size, ctc_weight=args.ctc_weight,
-                                length_penalty=args.length_penalty)
+                                length_penalty=args.length_penalty, lm=lm)
             for mode, token_ids in hyps.items():
                 results.hyps[mode] += [tokenizer.detokenize(ids)[0] for ids in token_ids]
             results.keys += batch["keys"]
@@ -137,6 +151,8 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
                         extra[:10])
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
+        "lm": {"path": args.lm, "lm_weight": args.lm_weight, "word_bonus": args.word_bonus,
+               "open_word_penalty": args.open_word_penalty} if args.lm else None,
         "world_size": len(job.decoded_per_rank),
         "utterances": {"listed": len(listed), "listed_keys": len(references),
                        "decoded": sum(job.decoded_per_rank), "decoded_keys": len(job.owner),
@@ -183,11 +199,19 @@ def main(argv=None) -> None:
     # 2. config, tokenizer (it must fit the model); this rank's share of the test set; every rank reads the
     # references (key order)
     config = read_config(args.config, args.override_config)
-    for option, path in (("--checkpoint", args.checkpoint), ("--test_data", args.test_data)):
-        if not os.path.isfile(path):
+    for option, path in (("--checkpoint", args.checkpoint), ("--test_data", args.test_data), ("--lm", args.lm)):
+        if path and not os.path.isfile(path):
             raise ConfigError(f"{option} {path}: no such file")
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
     check_model_fits_table(tokenizer, config.output_dim, args.config)
+    lm = None
+    if args.lm:
+        try:
+            lm = WordNgramLM(args.lm, tokenizer.id_to_symbol, args.lm_weight, args.word_bonus, args.open_word_penalty)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--lm {args.lm}: {e}") from e
+        logging.info("word LM %s: %d-gram, weight %s, word bonus %s, open-word penalty %s", args.lm, lm.model.order,
+                     args.lm_weight, args.word_bonus, args.open_word_penalty)
     dataset_conf = test_dataset_conf(config.dataset_conf, args.batch_size)
     dataset = build_dataset(args.test_data, tokenizer, dataset_conf, mode="test", rank=ctx.rank,
                             world_size=ctx.world_size)
@@ -203,7 +227,7 @@ def main(argv=None) -> None:
     # 4. decode this rank's share; the bar on rank 0 counts every rank's utterances
     start = time.perf_counter()
     with JobProgress(total=len(listed), desc="decode", unit="utt") as progress, torch.no_grad():
-        local = decode_share(model, loader, tokenizer, args, ctx.device, progress)
+        local = decode_share(model, loader, tokenizer, lm, args, ctx.device, progress)
     wall_s = time.perf_counter() - start  # until the last rank finished
     # 5. gather once; de-duplicate by key; every rank scores its own utterances, counts summed across ranks
     job = gather_results(local)

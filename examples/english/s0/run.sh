@@ -12,8 +12,9 @@
 #
 #   bash run.sh --data_type shard              # tar shards (stage 3) instead of one file per utterance
 #
-# Stages: -1 corpus check, 0 data dirs, 1 global CMVN, 2 dictionary (char or BPE), 3 data.list (raw or shards),
-#         4 training, 5 averaging + decoding on every rank + scoring (RESULTS.md in the model dir).
+# Stages: -1 corpus check, 0 data dirs, 1 global CMVN, 2 dictionary (char or BPE) and word n-gram LM,
+#         3 data.list (raw or shards), 4 training, 5 averaging + decoding on every rank (the LM fused into the CTC
+#         prefix beam search and attention rescoring) + scoring (RESULTS.md in the model dir).
 # Every variable below can be set as --name value; relative paths are relative to this directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -47,6 +48,10 @@ average_num=3                        # 0: decode the last epoch as is
 decode_sets=test                     # test | dev: stage 5 decodes <decode_sets>_<corpus> (tune on dev, score test once)
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
 beam_size=10
+lm_order=3                           # word n-gram LM from the training transcripts (stage 2); 0: decode without LM
+lm_weight=0.6                        # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets)
+word_bonus=1.5
+open_word_penalty=-10
 decode_batch_size=32
 decode_threads=0                     # per rank; 0: torch's default divided among the ranks of a node
 decode_nproc_per_node=               # decoding ranks per node; default: nproc_per_node
@@ -65,6 +70,10 @@ for opt in beam_size decode_batch_size num_utts_per_shard shard_workers cmvn_wor
   [[ ${!opt} =~ ^[1-9][0-9]*$ ]] || die "--$opt must be a positive integer, got '${!opt}'"
 done
 [[ $decode_threads =~ ^[0-9]+$ ]] || die "--decode_threads must be a non-negative integer, got '$decode_threads'"
+[[ $lm_order =~ ^[0-9]+$ ]] || die "--lm_order must be a non-negative integer (0: no LM), got '$lm_order'"
+for opt in lm_weight word_bonus open_word_penalty; do
+  [[ ${!opt} =~ ^-?[0-9]+([.][0-9]+)?$ ]] || die "--$opt must be a number, got '${!opt}'"
+done
 # The decoding modes are checked now, by the model's own list, not after hours of training.
 python -c 'import sys; from toolkit.models.transformer.asr_model import DECODING_METHODS as known
 bad = [m for m in sys.argv[1:] if m not in known]
@@ -95,6 +104,7 @@ for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
 done
 dict=$data/dict/units.txt
 bpemodel=$data/dict/bpe
+lm=$data/lm/lm_${lm_order}gram.arpa
 eval_sets() { for c in $corpora; do printf '%s_%s ' "$1" "$c"; done; }
 decode_dirs=$(eval_sets "$decode_sets")
 decode_dirs=${decode_dirs% }
@@ -126,6 +136,10 @@ except ConfigError as e:
     die "--average_num $average_num needs at least $average_num epochs, but train_conf.max_epoch is $max_epoch (lower --average_num, or 0 for the last epoch)"
 fi
 
+if (( stage > 2 && stop_stage >= 5 && lm_order > 0 )) && [ ! -f "$lm" ]; then  # now, not after training
+  die "$lm is missing: run stage 2 (--stage 2), or decode without LM (--lm_order 0)"
+fi
+
 if (( stage <= -1 && stop_stage >= -1 )); then
   echo "stage -1: corpora in $corpus_dir: $corpora"
   [ -d "$corpus_dir" ] || die "--corpus_dir $corpus_dir does not exist; point it at a folder holding <corpus>/data/{train,dev,test}"
@@ -155,6 +169,10 @@ if (( stage <= 2 && stop_stage >= 2 )); then
   else
     python tools/spm_train.py --vocab_size "$nbpe" --model_type "$bpe_mode" "$data/train/text" "$bpemodel"
     cp "$bpemodel.units.txt" "$dict"
+  fi
+  if [ "$lm_order" -gt 0 ]; then
+    echo "stage 2: word $lm_order-gram LM $lm from $data/train/text"
+    python tools/train_ngram_lm.py --order "$lm_order" "$data/train/text" "$lm"
   fi
 fi
 
@@ -216,20 +234,27 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
     [ -n "$decode_checkpoint" ] || die "no committed epoch_N.pt (with epoch_N.yaml) in $dir"
     echo "stage 5: decoding the newest epoch as it is: $decode_checkpoint"
   fi
-  echo "stage 5: decoding $decode_dirs with $decode_modes, $num_nodes node(s) x $decode_nproc_per_node process(es)"
+  lm_options=()
+  lm_title=
+  if [ "$lm_order" -gt 0 ]; then
+    lm_options=(--lm "$lm" --lm_weight "$lm_weight" --word_bonus "$word_bonus" --open_word_penalty "$open_word_penalty")
+    lm_title=", $lm_order-gram LM weight $lm_weight bonus $word_bonus penalty $open_word_penalty"
+  fi
+  echo "stage 5: decoding $decode_dirs with $decode_modes${lm_title}, $num_nodes node(s) x $decode_nproc_per_node process(es)"
   for x in $decode_dirs; do
     # every rank decodes its share; global rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
     rm -f "$dir/$x/decode_summary.json"
     launch --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x") -m toolkit.bin.recognize \
       --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
       --test_data "$data/$x/data.list" --result_dir "$dir/$x" --modes $decode_modes \
-      --beam_size "$beam_size" --batch_size "$decode_batch_size" --num_threads "$decode_threads"
+      --beam_size "$beam_size" --batch_size "$decode_batch_size" --num_threads "$decode_threads" \
+      "${lm_options[@]}"
   done
   written=1
   for x in $decode_dirs; do [ -f "$dir/$x/decode_summary.json" ] || written=0; done
   if [ "$written" = 1 ]; then
     python tools/results_table.py --data "$data" --dir "$dir" --test_sets $decode_dirs --modes $decode_modes \
-      --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine)" \
+      --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine$lm_title)" \
       > "$results"
     cat "$results"
   else  # NOTE: without a shared file system only the node of global rank 0 holds the decoding results

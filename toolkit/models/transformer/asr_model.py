@@ -10,7 +10,7 @@ from toolkit.models.transformer.ctc import CTC, min_ctc_frames
 from toolkit.models.transformer.decoder import TransformerDecoder
 from toolkit.models.transformer.encoder import BaseEncoder
 from toolkit.models.transformer.label_smoothing_loss import LabelSmoothingLoss
-from toolkit.models.transformer.search import (attention_beam_search, attention_rescoring,
+from toolkit.models.transformer.search import (PrefixLM, attention_beam_search, attention_rescoring,
                                                ctc_greedy_search, ctc_prefix_beam_search)
 from toolkit.utils.common import IGNORE_ID
 from toolkit.utils.mask import make_pad_mask
@@ -152,8 +152,8 @@ class ASRModel(nn.Module):
         return loss_att, th_accuracy
 
     def decode(self, methods: list[str], feats: torch.Tensor, feats_lengths: torch.Tensor,
-               beam_size: int = 10, ctc_weight: float = 0.5, length_penalty: float = 0.0
-               ) -> dict[str, list[list[int]]]:
+               beam_size: int = 10, ctc_weight: float = 0.5, length_penalty: float = 0.0,
+               lm: PrefixLM | None = None) -> dict[str, list[list[int]]]:
         """Recognise a batch with one or more decoding methods, running the encoder once.
 
         Call ``model.eval()`` first: dropout and BatchNorm follow the module's mode.
@@ -166,6 +166,8 @@ class ASRModel(nn.Module):
             length_penalty: per-token bonus added to the log-prob score in attention and
                 attention rescoring (0: none). ``attention`` then ranks its finished hypotheses
                 by score per decoding step (see :func:`attention_beam_search`).
+            lm: language model fused into CTC prefix beam search, so into its n-best for attention
+                rescoring too (:func:`ctc_prefix_beam_search`); None: no LM.
 
         An utterance with no valid encoder frame (fewer than 7 fbank frames, see
         :meth:`BaseEncoder.output_lengths`) gets the empty hypothesis in every method, alone or in
@@ -195,10 +197,10 @@ class ASRModel(nn.Module):
             if "ctc_greedy_search" in methods:
                 results["ctc_greedy_search"] = ctc_greedy_search(ctc_log_probs, lengths)
             if need_nbest:
-                nbests = [ctc_prefix_beam_search(ctc_log_probs[i, :length], beam_size)
+                nbests = [ctc_prefix_beam_search(ctc_log_probs[i, :length], beam_size, lm)
                           for i, length in enumerate(lengths.tolist())]
                 if "ctc_prefix_beam_search" in methods:
-                    results["ctc_prefix_beam_search"] = [nbest[0][0] for nbest in nbests]
+                    results["ctc_prefix_beam_search"] = [nbest[0].tokens for nbest in nbests]
                 if "attention_rescoring" in methods:
                     results["attention_rescoring"] = [
                         attention_rescoring(self.decoder, encoder_out[i:i + 1, :length],

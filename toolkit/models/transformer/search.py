@@ -2,7 +2,8 @@
 
 - CTC greedy search: best token per frame, merge repeats, drop blanks (Graves et al., 2006).
 - CTC prefix beam search: sum over alignments of each label prefix (Graves, 2012, "Supervised
-  Sequence Labelling", section 7.5; Hannun et al., 2014, arXiv:1408.2873).
+  Sequence Labelling", section 7.5; Hannun et al., 2014, arXiv:1408.2873), optionally fused with a
+  word n-gram LM (:class:`PrefixLM`).
 - Attention beam search: left-to-right beam search with the attention decoder.
 - Attention rescoring: CTC prefix beam n-best rescored by the attention decoder (as in WeNet,
   Yao et al., 2021, arXiv:2102.01547, section 2.2).
@@ -10,6 +11,7 @@
 import heapq
 import math
 from collections import defaultdict
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -50,20 +52,46 @@ def ctc_greedy_search(ctc_log_probs: torch.Tensor, lengths: torch.Tensor) -> lis
     return hyps
 
 
-def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int
-                           ) -> list[tuple[list[int], float]]:
-    """Prefix beam search over one utterance.
+class Hypothesis(NamedTuple):
+    """One entry of a CTC prefix beam search n-best list: token ids, log P_ctc(tokens | x), and the fused LM
+    score of the tokens (0.0 without an LM)."""
+    tokens: list[int]
+    ctc_score: float
+    lm_score: float = 0.0
+
+
+class PrefixLM(Protocol):
+    """What :func:`ctc_prefix_beam_search` needs of a language model for shallow fusion (implemented by
+    :class:`toolkit.text.ngram_lm.WordNgramLM`): an opaque part per prefix, and its score."""
+
+    def start(self) -> Any:
+        """The part of the empty prefix (its score is ``part.score``)."""
+
+    def extend(self, part: Any, prefix: Sequence[int], token: int) -> Any:
+        """The part of ``prefix + [token]`` from the part of ``prefix``."""
+
+    def finish(self, part: Any, prefix: Sequence[int]) -> float:
+        """The LM score of ``prefix`` as a complete hypothesis."""
+
+
+def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: PrefixLM | None = None
+                           ) -> list[Hypothesis]:
+    """Prefix beam search over one utterance, optionally fused with a language model.
 
     Each prefix keeps two log-probabilities: all alignments so far ending in blank, and those
     ending in its last token; a repeated token extends the prefix only after a blank. Per frame
-    only the ``beam_size`` most likely tokens are expanded.
+    only the ``beam_size`` most likely tokens are expanded. With ``lm`` (shallow fusion, as in
+    Hannun et al., 2014, eq. 3), prefixes compete on log P_ctc + their LM score so far (the words
+    they have completed), and the final n-best is ranked on log P_ctc + the LM score of the whole
+    hypothesis (its last word and the end of sentence included).
 
     Args:
         ctc_log_probs: float32 (T', V) CTC log-posteriors of the valid frames only.
         beam_size: number of prefixes kept (and tokens expanded) per frame, >= 1.
+        lm: language model to fuse, or None.
 
     Returns:
-        Up to ``beam_size`` (token ids, log P(prefix | x)) pairs, best first.
+        Up to ``beam_size`` hypotheses, best first.
 
     Raises:
         ValueError: ``beam_size`` < 1.
@@ -73,6 +101,8 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int
     top_k = min(beam_size, ctc_log_probs.size(1))
     top_values, top_ids = ctc_log_probs.topk(top_k, dim=1)
     beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, NEG_INF)}
+    # The LM part of every prefix seen (a function of the prefix alone, so computed once).
+    lm_parts: dict[tuple[int, ...], Any] = {(): lm.start()} if lm is not None else {}
     for values, ids in zip(top_values.tolist(), top_ids.tolist()):
         next_beams: dict[tuple[int, ...], list[float]] = defaultdict(lambda: [NEG_INF, NEG_INF])
         for prefix, (p_blank, p_token) in beams.items():
@@ -81,17 +111,29 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int
                 if token == BLANK_ID:
                     entry = next_beams[prefix]
                     entry[0] = _log_add(entry[0], p_blank + log_p, p_token + log_p)
-                elif token == last:
+                    continue
+                extended = prefix + (token,)
+                if lm is not None and extended not in lm_parts:
+                    lm_parts[extended] = lm.extend(lm_parts[prefix], prefix, token)
+                if token == last:
                     entry = next_beams[prefix]
                     entry[1] = _log_add(entry[1], p_token + log_p)
-                    entry = next_beams[prefix + (token,)]
+                    entry = next_beams[extended]
                     entry[1] = _log_add(entry[1], p_blank + log_p)
                 else:
-                    entry = next_beams[prefix + (token,)]
+                    entry = next_beams[extended]
                     entry[1] = _log_add(entry[1], p_blank + log_p, p_token + log_p)
-        best = heapq.nlargest(beam_size, next_beams.items(), key=lambda kv: _log_add(*kv[1]))
+        if lm is None:
+            best = heapq.nlargest(beam_size, next_beams.items(), key=lambda kv: _log_add(*kv[1]))
+        else:
+            best = heapq.nlargest(beam_size, next_beams.items(),
+                                  key=lambda kv: _log_add(*kv[1]) + lm_parts[kv[0]].score)
         beams = {prefix: (probs[0], probs[1]) for prefix, probs in best}
-    return [(list(prefix), _log_add(*probs)) for prefix, probs in beams.items()]
+    if lm is None:
+        return [Hypothesis(list(prefix), _log_add(*probs)) for prefix, probs in beams.items()]
+    nbest = [Hypothesis(list(prefix), _log_add(*probs), lm.finish(lm_parts[prefix], prefix))
+             for prefix, probs in beams.items()]
+    return sorted(nbest, key=lambda hyp: hyp.ctc_score + hyp.lm_score, reverse=True)
 
 
 def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,
@@ -173,18 +215,19 @@ def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,
 
 
 def attention_rescoring(decoder: TransformerDecoder, memory: torch.Tensor,
-                        memory_mask: torch.Tensor, nbest: list[tuple[list[int], float]],
+                        memory_mask: torch.Tensor, nbest: list[Hypothesis],
                         sos: int, eos: int, ctc_weight: float,
                         length_penalty: float = 0.0) -> list[int]:
     """Pick the best of a CTC n-best list for one utterance with one teacher-forced decoder pass.
 
-    score = log P_att(hyp + eos | x) + ctc_weight * log P_ctc(hyp | x) + length_penalty * |hyp|.
+    score = log P_att(hyp + eos | x) + ctc_weight * log P_ctc(hyp | x) + LM score + length_penalty * |hyp|
+    (the LM score is the n-best's own, 0.0 when the search had no LM).
 
     Args:
         decoder: attention decoder.
         memory: float32 (1, T', D) encoder output of the utterance.
         memory_mask: bool (1, 1, T'), True at valid frames.
-        nbest: (token ids, CTC log-prob) pairs from :func:`ctc_prefix_beam_search`.
+        nbest: hypotheses from :func:`ctc_prefix_beam_search`.
         sos, eos: start and end token ids.
         ctc_weight: weight of the CTC prefix score.
         length_penalty: added per token.
@@ -199,20 +242,21 @@ def attention_rescoring(decoder: TransformerDecoder, memory: torch.Tensor,
         raise ValueError("attention_rescoring needs a non-empty n-best list")
     device = memory.device
     count = len(nbest)
-    lengths = torch.tensor([len(hyp) for hyp, _ in nbest], device=device)
+    lengths = torch.tensor([len(hyp.tokens) for hyp in nbest], device=device)
     width = int(lengths.max()) + 1
     ys_in = torch.full((count, width), eos, dtype=torch.long, device=device)
     ys_out = torch.full((count, width), eos, dtype=torch.long, device=device)
     ys_in[:, 0] = sos
-    for i, (hyp, _) in enumerate(nbest):
-        ys_in[i, 1: len(hyp) + 1] = torch.tensor(hyp, dtype=torch.long)
-        ys_out[i, : len(hyp)] = torch.tensor(hyp, dtype=torch.long)
+    for i, hyp in enumerate(nbest):
+        ys_in[i, 1: len(hyp.tokens) + 1] = torch.tensor(hyp.tokens, dtype=torch.long)
+        ys_out[i, : len(hyp.tokens)] = torch.tensor(hyp.tokens, dtype=torch.long)
     logits = decoder(memory.expand(count, -1, -1), memory_mask.expand(count, -1, -1),
                      ys_in, lengths + 1)
     token_scores = logits.log_softmax(dim=2).gather(2, ys_out.unsqueeze(2)).squeeze(2)
     # Steps after each hypothesis' eos are padding.
     valid = torch.arange(width, device=device).unsqueeze(0) <= lengths.unsqueeze(1)
     att_scores = token_scores.masked_fill(~valid, 0.0).sum(dim=1)
-    ctc_scores = torch.tensor([score for _, score in nbest], device=device)
-    total = att_scores + ctc_weight * ctc_scores + length_penalty * lengths
-    return nbest[int(total.argmax())][0]
+    ctc_scores = torch.tensor([hyp.ctc_score for hyp in nbest], device=device)
+    lm_scores = torch.tensor([hyp.lm_score for hyp in nbest], device=device)
+    total = att_scores + ctc_weight * ctc_scores + lm_scores + length_penalty * lengths
+    return nbest[int(total.argmax())].tokens

@@ -3,8 +3,9 @@ import math
 import torch
 
 from toolkit.models.transformer.decoder import TransformerDecoder
-from toolkit.models.transformer.search import (attention_beam_search, attention_rescoring, ctc_greedy_search,
-                                               ctc_prefix_beam_search)
+from toolkit.models.transformer.search import (Hypothesis, attention_beam_search, attention_rescoring,
+                                               ctc_greedy_search, ctc_prefix_beam_search)
+from toolkit.text.ngram_lm import WordNgramLM, kneser_ney_arpa
 
 
 def test_greedy_merges_repeats_and_drops_blanks_within_length():
@@ -29,17 +30,17 @@ def test_greedy_and_prefix_beam_search_disagree_on_a_hand_computed_case():
     assert ctc_greedy_search(log_probs.unsqueeze(0), torch.tensor([2])) == [[]]
 
     nbest = ctc_prefix_beam_search(log_probs, beam_size=3)
-    assert [hyp for hyp, _ in nbest] == [[1], [], [2]]
-    for (_, score), expected in zip(nbest, [0.56, 0.25, 0.11]):
-        assert math.isclose(score, math.log(expected), rel_tol=1e-6)
+    assert [hyp.tokens for hyp in nbest] == [[1], [], [2]]
+    for hyp, expected in zip(nbest, [0.56, 0.25, 0.11]):
+        assert math.isclose(hyp.ctc_score, math.log(expected), rel_tol=1e-6) and hyp.lm_score == 0.0
 
 
 def test_prefix_beam_search_keeps_blank_separated_repeats():
     # a _ a with certainty -> "a a"; a a (no blank) collapses to "a".
     certain = torch.nn.functional.one_hot(torch.tensor([1, 0, 1]), 3).float().log()
-    assert ctc_prefix_beam_search(certain, beam_size=2)[0] == ([1, 1], 0.0)
+    assert ctc_prefix_beam_search(certain, beam_size=2)[0] == Hypothesis([1, 1], 0.0, 0.0)
     merged = torch.nn.functional.one_hot(torch.tensor([1, 1]), 3).float().log()
-    assert ctc_prefix_beam_search(merged, beam_size=2)[0] == ([1], 0.0)
+    assert ctc_prefix_beam_search(merged, beam_size=2)[0] == Hypothesis([1], 0.0, 0.0)
 
 
 def test_attention_rescoring_combines_decoder_ctc_and_length_scores():
@@ -50,12 +51,16 @@ def test_attention_rescoring_combines_decoder_ctc_and_length_scores():
     short, long = [1], [1, 2, 3, 4]
     with torch.no_grad():
         # A large per-token bonus or penalty decides between a 1- and a 4-token hypothesis.
-        assert attention_rescoring(decoder, memory, mask, [(short, 0.0), (long, 0.0)],
+        assert attention_rescoring(decoder, memory, mask, [Hypothesis(short, 0.0), Hypothesis(long, 0.0)],
                                    5, 5, ctc_weight=0.5, length_penalty=100.0) == long
-        assert attention_rescoring(decoder, memory, mask, [(short, 0.0), (long, 0.0)],
+        assert attention_rescoring(decoder, memory, mask, [Hypothesis(short, 0.0), Hypothesis(long, 0.0)],
                                    5, 5, ctc_weight=0.5, length_penalty=-100.0) == short
+        # The n-best's LM score is added as it is (the search weighted it already).
+        for loser in (short, long):
+            nbest = [Hypothesis(h, 0.0, -1000.0 if h == loser else 0.0) for h in (short, long)]
+            assert attention_rescoring(decoder, memory, mask, nbest, 5, 5, ctc_weight=0.5) != loser
         # A dominant CTC score wins only when it is weighted in.
-        nbest = [(short, -1000.0), (long, 0.0)]
+        nbest = [Hypothesis(short, -1000.0), Hypothesis(long, 0.0)]
         assert attention_rescoring(decoder, memory, mask, nbest, 5, 5, ctc_weight=1.0) == long
         logits = decoder(memory.expand(2, -1, -1), mask.expand(2, -1, -1),
                          torch.tensor([[5, 1, 5, 5, 5], [5, 1, 2, 3, 4]]), torch.tensor([2, 5]))
@@ -64,6 +69,26 @@ def test_attention_rescoring_combines_decoder_ctc_and_length_scores():
         att_long = sum(log_probs[1, i, t] for i, t in enumerate([1, 2, 3, 4, 5]))
         expected = short if att_short > att_long else long
         assert attention_rescoring(decoder, memory, mask, nbest, 5, 5, ctc_weight=0.0) == expected
+
+
+def test_prefix_beam_search_with_a_word_lm_prefers_the_words_it_knows(tmp_path):
+    # Units: 0 blank, 1 <unk>, 2 S, 3 I, 4 E, 5 X, 6 ▁. Frames: S, then E a little likelier than I, then X.
+    # The LM knows SIX only, so SEX is <unk> to it: with the LM, SIX wins; without it, SEX.
+    units = {0: "<blank>", 1: "<unk>", 2: "S", 3: "I", 4: "E", 5: "X", 6: "\u2581"}
+    path = tmp_path / "lm.arpa"
+    path.write_text(kneser_ney_arpa([["SIX"], ["SIX", "SIX"], ["SIX", "SIX", "SIX"]], order=2), encoding="utf-8")
+    frames = [[0.02, 0.0, 0.96, 0.0, 0.0, 0.0, 0.02], [0.1, 0.0, 0.0, 0.4, 0.5, 0.0, 0.0],
+              [0.02, 0.0, 0.0, 0.0, 0.0, 0.96, 0.02]]
+    log_probs = torch.tensor(frames).clamp(min=1e-6).log()
+    assert ctc_prefix_beam_search(log_probs, beam_size=4)[0].tokens == [2, 4, 5]
+    fused = ctc_prefix_beam_search(log_probs, beam_size=4, lm=WordNgramLM(str(path), units, 0.5, 0.0))
+    assert fused[0].tokens == [2, 3, 5]
+    # Each score is log P_ctc plus the LM's, and the list is ranked on their sum.
+    assert all(a.ctc_score + a.lm_score >= b.ctc_score + b.lm_score for a, b in zip(fused, fused[1:]))
+    assert fused[0].ctc_score < [h for h in fused if h.tokens == [2, 4, 5]][0].ctc_score
+    # Weight 0 and no bonus: the LM changes nothing.
+    plain = ctc_prefix_beam_search(log_probs, beam_size=4)
+    assert ctc_prefix_beam_search(log_probs, 4, WordNgramLM(str(path), units, 0.0, 0.0)) == plain
 
 
 class _ScriptedDecoder:

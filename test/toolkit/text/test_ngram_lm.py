@@ -1,0 +1,108 @@
+"""The word n-gram LM: modified Kneser-Ney estimates checked by hand and through KenLM, on real transcripts."""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import kenlm
+import pytest
+
+from toolkit.text.ngram_lm import (FALLBACK_DISCOUNTS, WordNgramLM, arpa_vocabulary, kneser_ney_arpa,
+                                   modified_kn_discounts)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def kenlm_model(tmp_path, sentences, order):
+    path = tmp_path / "lm.arpa"
+    path.write_text(kneser_ney_arpa(sentences, order), encoding="utf-8")
+    return kenlm.Model(str(path)), path
+
+
+def prob(model, context, word):
+    """P(word | <s> context) through KenLM."""
+    state, out = kenlm.State(), kenlm.State()
+    model.BeginSentenceWrite(state)
+    for w in context:
+        model.BaseScore(state, w, out)
+        state, out = out, kenlm.State()
+    return 10 ** model.BaseScore(state, word, out)
+
+
+def test_discounts_follow_chen_and_goodman_from_counts_of_counts():
+    counts = [1] * 10 + [2] * 4 + [3] * 2 + [4] + [7] * 5
+    y = 10 / (10 + 2 * 4)
+    expected = (1 - 2 * y * 4 / 10, 2 - 3 * y * 2 / 4, 3 - 4 * y * 1 / 2)
+    assert modified_kn_discounts(counts) == pytest.approx(expected)
+    assert modified_kn_discounts([1, 1, 2]) == FALLBACK_DISCOUNTS  # nothing seen 3 or 4 times
+
+
+def test_a_bigram_model_computed_by_hand(tmp_path):
+    # <s> A B </s> twice, <s> A C </s> once; every order too small for its own discounts: 0.5, 1, 1.5.
+    # Unigrams (continuation counts): A 1, B 1, C 1, </s> 2, <unk> 0 of 5; gamma = (0.5 * 3 + 1 * 1) / 5 = 0.5,
+    # so p(A) = (1 - 0.5) / 5 + 0.5 / 5 = 0.2, p(</s>) = (2 - 1) / 5 + 0.1 = 0.3, p(<unk>) = 0.1.
+    # Bigrams (raw counts): after <s>, A 3 of 3: p(A|<s>) = (3 - 1.5) / 3 + 0.5 * 0.2 = 0.6; after A, B 2, C 1:
+    # gamma(A) = (1 + 0.5) / 3, p(B|A) = 1 / 3 + 0.5 * 0.2, p(C|A) = 0.5 / 3 + 0.1; unseen: p(C|<s>) = 0.5 * 0.2.
+    model, _ = kenlm_model(tmp_path, [["A", "B"], ["A", "B"], ["A", "C"]], order=2)
+    expected = {((), "A"): 0.6, (("A",), "B"): 1 / 3 + 0.1, (("A",), "C"): 0.5 / 3 + 0.1,
+                (("A", "B"), "</s>"): 0.5 + 0.5 * 0.3, ((), "C"): 0.1, (("A",), "ZZZ"): 0.5 * 0.1}
+    for (context, word), p in expected.items():
+        assert prob(model, context, word) == pytest.approx(p, rel=1e-5), (context, word)
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_every_distribution_sums_to_one_on_real_transcripts(tmp_path, order):
+    text = ROOT / "corpora/kathleen/data/train/text"
+    sentences = [line.split()[1:] for line in text.read_text(encoding="utf-8").splitlines()]
+    model, path = kenlm_model(tmp_path, sentences, order)
+    vocab = sorted(arpa_vocabulary(str(path)) - {"<s>"})
+    assert len(vocab) > 1000 and "<unk>" in vocab and "</s>" in vocab
+    frequent = [s[:order - 1] for s in sentences if len(s) >= order - 1][:5]
+    for context in [[], ["THE"], ["OF", "THE"][: order - 1], ["NOTAWORD"], *frequent]:
+        assert sum(prob(model, context, w) for w in vocab) == pytest.approx(1.0, abs=1e-5), context
+
+
+def test_the_tool_writes_the_arpa_and_refuses_an_empty_text(tmp_path):
+    tool = [sys.executable, str(ROOT / "tools/train_ngram_lm.py"), "--order", "3"]
+    out = tmp_path / "lm" / "lm.arpa"
+    run = subprocess.run(tool + [str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "ngram 1 " in run.stdout and kenlm.Model(str(out)).order == 3
+    empty = tmp_path / "text"
+    empty.write_text("utt1\n")
+    run = subprocess.run(tool + [str(empty), str(tmp_path / "x.arpa")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stderr.strip().splitlines() == [f"{empty}: no words to estimate an n-gram "
+                                                                      "model from"]
+    assert not (tmp_path / "x.arpa").exists()
+
+
+def test_fusion_scores_whole_words_as_kenlm_scores_the_sentence(tmp_path):
+    _, path = kenlm_model(tmp_path, [["SIX", "TWO"], ["SIX"], ["TWO", "SIX"]], order=2)
+    model = kenlm.Model(str(path))
+    # SentencePiece-style pieces: "▁SI" starts a word, "X" continues it; and char "▁" on its own.
+    units = {0: "<blank>", 1: "<unk>", 2: "▁SI", 3: "X", 4: "▁", 5: "T", 6: "W", 7: "O"}
+    lm = WordNgramLM(str(path), units, weight=0.7, word_bonus=2.0)
+    for tokens, words in (([2, 3, 2, 3], "SIX SIX"), ([2, 3, 4, 5, 6, 7], "SIX TWO"), ([4, 5, 6], "TW")):
+        part, prefix = lm.start(), []
+        for token in tokens:
+            part = lm.extend(part, prefix, token)
+            prefix.append(token)
+        expected = 0.7 * math.log(10) * model.score(words) + 2.0 * len(words.split())
+        assert lm.finish(part, prefix) == pytest.approx(expected, rel=1e-6)  # KenLM sums in float32
+
+
+def test_the_open_word_penalty_applies_while_a_word_begins_no_lm_word(tmp_path):
+    _, path = kenlm_model(tmp_path, [["SIX"], ["SEVEN"]], order=2)
+    units = {0: "<blank>", 1: "<unk>", 2: "▁", 3: "S", 4: "I", 5: "X", 6: "E", 7: "Q"}
+    lm = WordNgramLM(str(path), units, weight=1.0, word_bonus=0.0, open_word_penalty=-10.0)
+    scores, part, prefix = [], lm.start(), []
+    for token in [3, 4, 5, 2, 3, 7, 2]:  # S I X ▁ S Q ▁: "SQ" begins no word
+        part = lm.extend(part, prefix, token)
+        prefix.append(token)
+        scores.append(part.score - part.closed)
+    assert scores == [0.0, 0.0, 0.0, 0.0, 0.0, -10.0, 0.0]
+    with pytest.raises(ValueError, match="needs an ARPA file"):
+        binary = tmp_path / "not_arpa"
+        binary.write_bytes(b"mmap lm http://kheafield.com/code format version 5\n")
+        arpa_vocabulary(str(binary))

@@ -1,0 +1,32 @@
+#!/usr/bin/env python3
+"""Estimate a word n-gram LM (interpolated modified Kneser-Ney, :mod:`toolkit.text.ngram_lm`) from the transcripts
+of a Kaldi ``text`` file (``key word word ...`` per line) and write it as an ARPA file, for decoding with
+``toolkit.bin.recognize --lm``.
+
+Usage:
+    python tools/train_ngram_lm.py --order 3 data/train/text data/lm/lm.arpa
+"""
+import argparse
+import logging
+from pathlib import Path
+
+from toolkit.text.ngram_lm import write_kneser_ney_arpa
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--order", type=int, default=3, help="n-gram order")
+    parser.add_argument("text", help="Kaldi text file: key followed by the transcript")
+    parser.add_argument("arpa", help="output ARPA file")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    Path(args.arpa).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        sizes = write_kneser_ney_arpa(args.text, args.arpa, args.order)
+    except ValueError as e:
+        raise SystemExit(f"{args.text}: {e}")
+    print(f"wrote {args.arpa}: " + ", ".join(f"{name} {count}" for name, count in sizes.items()))
+
+
+if __name__ == "__main__":
+    main()
