@@ -15,7 +15,7 @@ from toolkit.text.ngram_lm import write_kneser_ney_arpa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--order", type=int, default=3, help="n-gram order")
+    parser.add_argument("--order", type=int, default=3, help="n-gram order, 2..6 (what KenLM loads)")
     parser.add_argument("text", help="Kaldi text file: key followed by the transcript")
     parser.add_argument("arpa", help="output ARPA file")
     args = parser.parse_args()
@@ -23,8 +23,10 @@ def main() -> None:
     Path(args.arpa).parent.mkdir(parents=True, exist_ok=True)
     try:
         sizes = write_kneser_ney_arpa(args.text, args.arpa, args.order)
-    except ValueError as e:
+    except ValueError as e:  # the text's content (sentence N is line N)
         raise SystemExit(f"{args.text}: {e}")
+    except OSError as e:  # reading the text or writing the ARPA file (the message names the file)
+        raise SystemExit(f"train_ngram_lm.py: {e}")
     print(f"wrote {args.arpa}: " + ", ".join(f"{name} {count}" for name, count in sizes.items()))
 
 

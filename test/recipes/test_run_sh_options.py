@@ -19,8 +19,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
      "--average_num 3 needs at least 3 epochs, but train_conf.max_epoch is 2"),
     (["--overrides", "train_conf.max_epok 2"], "unknown key 'max_epok' at train_conf"),
     (["--stage", "4", "--stop_stage", "4", "--overrides", "train_conf.max_epoch x"], "train_conf.max_epoch"),
-    (["--lm_order", "x"], "--lm_order must be a non-negative integer (0: no LM), got 'x'"),
-    (["--lm_weight", "0.5x"], "--lm_weight must be a number, got '0.5x'"),
+    (["--lm_order", "08"], "--lm_order must be 0 (no LM) or 2..6 (what KenLM loads), got '08'"),
+    (["--lm_order", "1"], "--lm_order must be 0 (no LM) or 2..6 (what KenLM loads), got '1'"),
+    (["--lm_weight", "0.5x"], "--lm_weight must be a decimal number, got '0.5x'"),
+    (["--oov_penalty", "5"], "--oov_penalty must be <= 0, got '5'"),
     (["--stage", "3"], "lm_3gram.arpa is missing: run stage 2 (--stage 2), or decode without LM (--lm_order 0)"),
 ])
 def test_bad_options_stop_before_any_stage(tmp_path, options, message):

@@ -72,16 +72,18 @@ def test_a_word_lm_is_used_as_given_and_a_file_kenlm_cannot_read_is_refused_in_o
                     str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(lm)], check=True, capture_output=True, timeout=60)
     modes = ("ctc_prefix_beam_search", "attention_rescoring")
     proc = decode(tmp_path, "units19.txt", "--lm", str(lm), "--lm_weight", "0.7", "--word_bonus", "1",
-                  "--open_word_penalty", "-10", modes=modes)
+                  "--oov_penalty", "-10", modes=modes)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "result-units19.txt" / "decode_summary.json").read_text())
-    assert summary["lm"] == {"path": str(lm), "lm_weight": 0.7, "word_bonus": 1.0, "open_word_penalty": -10.0}
-    assert f"word LM {lm}: 3-gram, weight 0.7, word bonus 1.0, open-word penalty -10.0" in proc.stderr
+    assert summary["lm"] == {"path": str(lm), "lm_weight": 0.7, "word_bonus": 1.0, "oov_penalty": -10.0}
+    assert f"word LM {lm}: 3-gram, weight 0.7, word bonus 1.0, OOV penalty -10.0" in proc.stderr
     for mode in modes:
         assert len((tmp_path / "result-units19.txt" / mode / "text").read_text().splitlines()) == 2
     broken = tmp_path / "broken.arpa"
     broken.write_text("not an ARPA file\n")
-    proc = decode(tmp_path, "units19.txt", "--lm", str(broken), result="broken")
+    proc = decode(tmp_path, "units19.txt", "--lm", str(broken), result="unused")  # greedy search: LM not loaded
+    assert proc.returncode == 0 and "not loaded, since none of --modes uses an LM" in proc.stderr, proc.stderr[-2000:]
+    proc = decode(tmp_path, "units19.txt", "--lm", str(broken), result="broken", modes=modes)
     errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert proc.returncode == 2 and len(errors) == 1 and f"--lm {broken}: " in errors[0], proc.stderr[-2000:]
     assert not (tmp_path / "broken-units19.txt").exists()

@@ -53,7 +53,7 @@ from toolkit.distributed.main_only import main_process_only
 from toolkit.distributed.metrics import score_across_ranks
 from toolkit.distributed.progress import JobProgress
 from toolkit.models.registry import init_model
-from toolkit.models.transformer.asr_model import DECODING_METHODS
+from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
@@ -78,13 +78,14 @@ def get_args(argv=None) -> argparse.Namespace:
                         help="added to a hypothesis' log-probability per token, in attention (on top of its length "
                              "normalisation) and attention rescoring; > 0 favours longer outputs")
     parser.add_argument("--lm", default="",
-                        help="word n-gram LM (ARPA or KenLM binary, e.g. from tools/train_ngram_lm.py) fused into "
-                             "ctc_prefix_beam_search and so into attention_rescoring's n-best; empty: none")
+                        help="word n-gram LM (ARPA, or a KenLM binary with --oov_penalty 0; e.g. from "
+                             "tools/train_ngram_lm.py) fused into ctc_prefix_beam_search and so into "
+                             "attention_rescoring's n-best; empty: none")
     parser.add_argument("--lm_weight", type=float, default=0.5, help="with --lm: weight of its natural-log score")
     parser.add_argument("--word_bonus", type=float, default=0.0, help="with --lm: added per word of a hypothesis")
-    parser.add_argument("--open_word_penalty", type=float, default=0.0,
-                        help="with --lm (an ARPA file): added to a prefix while its last word begins no word of the "
-                             "LM (<= 0; 0: off)")
+    parser.add_argument("--oov_penalty", type=float, default=0.0,
+                        help="with --lm: added per word outside the LM's vocabulary, and to a prefix from the "
+                             "moment its last word begins no word of the LM (<= 0; 0: off)")
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
     return parser.parse_args(argv)
@@ -152,7 +153,7 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
         "lm": {"path": args.lm, "lm_weight": args.lm_weight, "word_bonus": args.word_bonus,
-               "open_word_penalty": args.open_word_penalty} if args.lm else None,
+               "oov_penalty": args.oov_penalty} if args.lm else None,
         "world_size": len(job.decoded_per_rank),
         "utterances": {"listed": len(listed), "listed_keys": len(references),
                        "decoded": sum(job.decoded_per_rank), "decoded_keys": len(job.owner),
@@ -205,13 +206,19 @@ def main(argv=None) -> None:
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
     check_model_fits_table(tokenizer, config.output_dim, args.config)
     lm = None
+    if args.lm and not any(mode in LM_METHODS for mode in args.modes):
+        logging.warning("--lm %s: not loaded, since none of --modes uses an LM (only %s do)", args.lm,
+                        " and ".join(LM_METHODS))
+        args.lm = ""
     if args.lm:
         try:
-            lm = WordNgramLM(args.lm, tokenizer.id_to_symbol, args.lm_weight, args.word_bonus, args.open_word_penalty)
+            lm = WordNgramLM(args.lm, tokenizer.id_to_symbol, args.lm_weight, args.word_bonus, args.oov_penalty)
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"--lm {args.lm}: neither an ARPA file nor a KenLM binary") from e
         except (OSError, ValueError) as e:
             raise ConfigError(f"--lm {args.lm}: {e}") from e
-        logging.info("word LM %s: %d-gram, weight %s, word bonus %s, open-word penalty %s", args.lm, lm.model.order,
-                     args.lm_weight, args.word_bonus, args.open_word_penalty)
+        logging.info("word LM %s: %d-gram, weight %s, word bonus %s, OOV penalty %s", args.lm, lm.model.order,
+                     args.lm_weight, args.word_bonus, args.oov_penalty)
     dataset_conf = test_dataset_conf(config.dataset_conf, args.batch_size)
     dataset = build_dataset(args.test_data, tokenizer, dataset_conf, mode="test", rank=ctx.rank,
                             world_size=ctx.world_size)

@@ -14,6 +14,7 @@ only the uniform share of the unigram distribution (an out-of-vocabulary word sc
 """
 from __future__ import annotations
 
+import gzip
 import logging
 import math
 from collections import Counter, defaultdict
@@ -21,10 +22,12 @@ from typing import Iterable, NamedTuple, Sequence
 
 import kenlm
 
-from toolkit.text.tokenizer import UNK, WORD_BOUNDARY
+from toolkit.text.tokenizer import SPECIAL_SYMBOLS, UNK, WORD_BOUNDARY
 from toolkit.utils.checkpoint import atomic_write
 
 BOS, EOS = "<s>", "</s>"
+# KenLM loads orders 2..KENLM_MAX_ORDER; PyPI's kenlm is built with 6.
+MIN_ORDER, MAX_ORDER = 2, 6
 # Used, with a warning, where an order's counts of counts cannot give the modified Kneser-Ney discounts (too
 # little text; lmplz's --discount_fallback takes the same values).
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -52,21 +55,24 @@ def kneser_ney_arpa(sentences: Iterable[Sequence[str]], order: int) -> str:
     """The text of an ARPA file of an interpolated modified Kneser-Ney word n-gram model.
 
     Args:
-        sentences: each a list of words (no ``<s>``/``</s>``); empty ones are ignored.
-        order: n-gram order, >= 1.
+        sentences: each a list of words; empty ones are ignored.
+        order: n-gram order, in [MIN_ORDER, MAX_ORDER] (what KenLM loads).
 
     Returns:
         ARPA text: log10 probabilities and backoff weights, 7 significant digits.
 
     Raises:
-        ValueError: ``order`` < 1, or no word at all.
+        ValueError: ``order`` out of range; a sentence holding ``<s>`` or ``</s>`` (named by its 1-based
+            index); no word at all.
     """
-    if order < 1:
-        raise ValueError(f"n-gram order must be >= 1, got {order}")
+    if not MIN_ORDER <= order <= MAX_ORDER:
+        raise ValueError(f"n-gram order must be in {MIN_ORDER}..{MAX_ORDER} (what KenLM loads), got {order}")
     raw: list[Counter] = [Counter() for _ in range(order + 1)]  # raw[n][ngram tuple]
-    for words in sentences:
+    for index, words in enumerate(sentences, 1):
         if not words:
             continue
+        if BOS in words or EOS in words:
+            raise ValueError(f"sentence {index} holds {BOS} or {EOS}, which mark sentence ends in the model")
         padded = (BOS, *words, EOS)
         for n in range(1, order + 1):
             for i in range(len(padded) - n + 1):
@@ -122,7 +128,8 @@ def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int) -> dict[st
         ``{"sentences": .., "words": .., "ngram 1": .., ...}``.
 
     Raises:
-        ValueError: as :func:`kneser_ney_arpa` (an empty text file).
+        ValueError: as :func:`kneser_ney_arpa` (sentence N is line N), or the file is not UTF-8.
+        OSError: ``text_file`` cannot be read or ``arpa_path`` written.
     """
     with open(text_file, encoding="utf-8") as f:
         sentences = [line.split()[1:] for line in f]
@@ -133,9 +140,9 @@ def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int) -> dict[st
 
 
 class LMPart(NamedTuple):
-    """The LM's part of one prefix in CTC prefix beam search: ``score`` (what the prefix competes on: its complete
-    words' fused score, plus the open-word penalty while its open word begins no word of the LM), the fused score
-    of the complete words alone, the KenLM state after them, and where in the prefix the open word starts."""
+    """The LM's part of one prefix in CTC prefix beam search: ``score`` (what the prefix competes on: ``closed``,
+    plus the OOV penalty while its open word begins no word of the LM), the fused score of its complete words
+    (``closed``), the KenLM state after them, and where in the prefix the open word starts."""
     score: float
     closed: float
     state: kenlm.State
@@ -143,18 +150,20 @@ class LMPart(NamedTuple):
 
 
 def arpa_vocabulary(path: str) -> set[str]:
-    """The words of an ARPA file's ``\\1-grams:`` section (``<s>`` included).
+    """The words of an ARPA file's ``\\1-grams:`` section (``<s>`` included); gzip-compressed files are read too.
 
     Raises:
         ValueError: no ``\\1-grams:`` section (not an ARPA file: a KenLM binary, say).
     """
+    with open(path, "rb") as f:
+        compressed = f.read(2) == b"\x1f\x8b"
     words: set[str] = set()
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with (gzip.open if compressed else open)(path, "rt", encoding="utf-8", errors="replace") as f:
         for line in f:
             if line.strip() == "\\1-grams:":
                 break
         else:
-            raise ValueError(f"{path}: no \\1-grams: section; the open-word penalty needs an ARPA file")
+            raise ValueError("no \\1-grams: section: not an ARPA file (the OOV penalty needs one)")
         for line in f:
             fields = line.split()
             if not fields:
@@ -170,37 +179,51 @@ class WordNgramLM:
     (:func:`toolkit.models.transformer.search.ctc_prefix_beam_search`, which calls :meth:`start`,
     :meth:`extend` and :meth:`finish`).
 
-    A hypothesis' LM score is ``weight * ln P(w1 .. wk </s>) + word_bonus * k`` (natural log). A word is the units
-    from one token starting with ``▁`` (char ``▁`` or SentencePiece ``▁X``) up to the next; it is scored once it is
-    complete, when the next word starts or the hypothesis ends. Units are joined without ``▁``: a word holding
-    ``<unk>`` or missing from the LM's vocabulary scores as ``<unk>``. While a prefix' open word is no beginning of
-    any word of the LM's vocabulary, the prefix competes with ``open_word_penalty`` added, so that misspellings
-    leave the beam before they end (the beam keeps the spellings the LM can score; as pyctcdecode's partial-word
-    score does).
+    A hypothesis' LM score is ``weight * ln P(w1 .. wk </s>) + word_bonus * k + oov_penalty * (OOV words)``
+    (natural log). A word is the units from one token starting with ``▁`` (char ``▁`` or SentencePiece ``▁X``) up to
+    the next; it is scored once it is complete, when the next word starts or the hypothesis ends. Units are joined
+    without ``▁``; a word missing from the LM's vocabulary (one holding ``<unk>`` too) scores as ``<unk>``, plus
+    ``oov_penalty``. A prefix whose open word already begins no word of the LM competes with the penalty added from
+    then on, so that misspellings leave the beam before they end (as pyctcdecode's partial-word score does), and
+    ending such a word early gains nothing.
 
     Args:
-        path: ARPA file, or a KenLM binary when ``open_word_penalty`` is 0.
+        path: ARPA file (gzip-compressed too), or a KenLM binary when ``oov_penalty`` is 0.
         id_to_symbol: the tokenizer's ``{id: unit}``.
-        weight: LM weight (0: words are only counted, with ``word_bonus``).
+        weight: LM weight, >= 0 (0: words are only counted, with ``word_bonus``).
         word_bonus: added per word (> 0 offsets the LM's cost of each word, against deletions).
-        open_word_penalty: added (<= 0) to a prefix whose open word begins no LM word; 0: off.
+        oov_penalty: added (<= 0) per out-of-vocabulary word; 0: off.
 
     Raises:
         OSError: KenLM cannot read ``path``.
-        ValueError: ``open_word_penalty`` is not 0 and ``path`` has no unigram section.
+        ValueError: a weight out of range or not finite; ``oov_penalty`` is not 0 and ``path`` is not an ARPA
+            file; most of the LM's words cannot be spelt with the units (an LM of text in another case or script).
     """
 
     def __init__(self, path: str, id_to_symbol: dict[int, str], weight: float, word_bonus: float,
-                 open_word_penalty: float = 0.0):
-        self.path = path
-        self.model = kenlm.Model(path)
-        self.weight, self.word_bonus, self.open_word_penalty = weight, word_bonus, open_word_penalty
+                 oov_penalty: float = 0.0):
+        if not (math.isfinite(weight) and weight >= 0 and math.isfinite(word_bonus) and math.isfinite(oov_penalty)
+                and oov_penalty <= 0):
+            raise ValueError(f"need lm_weight >= 0, a finite word_bonus and oov_penalty <= 0; got {weight}, "
+                             f"{word_bonus}, {oov_penalty}")
+        config = kenlm.Config()
+        config.show_progress = False
+        self.model = kenlm.Model(path, config)
+        self.weight, self.word_bonus, self.oov_penalty = weight, word_bonus, oov_penalty
         self.units = id_to_symbol
         self.starts_word = frozenset(i for i, unit in id_to_symbol.items() if unit.startswith(WORD_BOUNDARY))
-        self.word_beginnings: set[str] = set()
-        if open_word_penalty:
-            for word in arpa_vocabulary(path):
-                self.word_beginnings.update(word[:n] for n in range(1, len(word) + 1))
+        try:
+            self.vocabulary = arpa_vocabulary(path) - {BOS, EOS, UNK}
+        except ValueError:
+            if oov_penalty:
+                raise
+            self.vocabulary = set()  # a KenLM binary: its words are not checked
+        letters = {c for unit in id_to_symbol.values() if unit not in SPECIAL_SYMBOLS for c in unit} - {WORD_BOUNDARY}
+        unspellable = sorted(w for w in self.vocabulary if not set(w) <= letters)
+        if len(unspellable) > len(self.vocabulary) / 2:
+            raise ValueError(f"{len(unspellable)} of the LM's {len(self.vocabulary)} words cannot be spelt with the "
+                             f"model's units (e.g. {unspellable[0]!r}): an LM of text in another case or script?")
+        self.word_beginnings = {w[:n] for w in self.vocabulary for n in range(1, len(w) + 1)} if oov_penalty else set()
 
     def _log_p(self, state: kenlm.State, word: str) -> tuple[float, kenlm.State]:
         out = kenlm.State()
@@ -215,7 +238,8 @@ class WordNgramLM:
         if not word:
             return part.closed, part.state
         log_p, state = self._log_p(part.state, word)
-        return part.closed + self.weight * log_p + self.word_bonus, state
+        penalty = self.oov_penalty if self.oov_penalty and word not in self.vocabulary else 0.0
+        return part.closed + self.weight * log_p + self.word_bonus + penalty, state
 
     def start(self) -> LMPart:
         """The part of the empty prefix (state after ``<s>``)."""
@@ -229,10 +253,10 @@ class WordNgramLM:
         if token in self.starts_word:
             closed, state = self._close_word(part, prefix)
             part = LMPart(closed, closed, state, len(prefix))
-        if not self.open_word_penalty:
+        if not self.oov_penalty:
             return part
         word = self._word((*prefix, token), part.word_start)
-        penalty = self.open_word_penalty if word and word not in self.word_beginnings else 0.0
+        penalty = self.oov_penalty if word and word not in self.word_beginnings else 0.0
         return part._replace(score=part.closed + penalty)
 
     def finish(self, part: LMPart, prefix: Sequence[int]) -> float:

@@ -49,9 +49,9 @@ decode_sets=test                     # test | dev: stage 5 decodes <decode_sets>
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
 beam_size=10
 lm_order=3                           # word n-gram LM from the training transcripts (stage 2); 0: decode without LM
-lm_weight=0.6                        # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets)
-word_bonus=1.5
-open_word_penalty=-10
+lm_weight=0.5                        # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets)
+word_bonus=1.0
+oov_penalty=-10
 decode_batch_size=32
 decode_threads=0                     # per rank; 0: torch's default divided among the ranks of a node
 decode_nproc_per_node=               # decoding ranks per node; default: nproc_per_node
@@ -70,15 +70,19 @@ for opt in beam_size decode_batch_size num_utts_per_shard shard_workers cmvn_wor
   [[ ${!opt} =~ ^[1-9][0-9]*$ ]] || die "--$opt must be a positive integer, got '${!opt}'"
 done
 [[ $decode_threads =~ ^[0-9]+$ ]] || die "--decode_threads must be a non-negative integer, got '$decode_threads'"
-[[ $lm_order =~ ^[0-9]+$ ]] || die "--lm_order must be a non-negative integer (0: no LM), got '$lm_order'"
-for opt in lm_weight word_bonus open_word_penalty; do
-  [[ ${!opt} =~ ^-?[0-9]+([.][0-9]+)?$ ]] || die "--$opt must be a number, got '${!opt}'"
+[[ $lm_order =~ ^(0|[2-6])$ ]] || die "--lm_order must be 0 (no LM) or 2..6 (what KenLM loads), got '$lm_order'"
+for opt in lm_weight word_bonus oov_penalty; do
+  [[ ${!opt} =~ ^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || die "--$opt must be a decimal number, got '${!opt}'"
 done
-# The decoding modes are checked now, by the model's own list, not after hours of training.
-python -c 'import sys; from toolkit.models.transformer.asr_model import DECODING_METHODS as known
+[[ $lm_weight != -* ]] || die "--lm_weight must be >= 0, got '$lm_weight'"
+[[ $oov_penalty == -* || ! $oov_penalty =~ [1-9] ]] || die "--oov_penalty must be <= 0, got '$oov_penalty'"
+# The decoding modes are checked now, by the model's own list, not after hours of training; lm_used: whether one
+# of them decodes with the LM.
+lm_used=$(python -c 'import sys; from toolkit.models.transformer.asr_model import DECODING_METHODS as known, LM_METHODS
 bad = [m for m in sys.argv[1:] if m not in known]
-sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(known)}" if bad or not sys.argv[1:] else 0)' \
-  $decode_modes || exit 1
+if bad or not sys.argv[1:]:
+    sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(known)}")
+print(int(any(m in LM_METHODS for m in sys.argv[1:])))' $decode_modes) || exit 1
 [ -n "${corpora// }" ] || die "--corpora is empty"
 case $data_type in raw|shard) ;; *) die "--data_type must be raw or shard, got '$data_type'";; esac
 case $decode_sets in test|dev) ;; *) die "--decode_sets must be test or dev, got '$decode_sets'";; esac
@@ -136,7 +140,7 @@ except ConfigError as e:
     die "--average_num $average_num needs at least $average_num epochs, but train_conf.max_epoch is $max_epoch (lower --average_num, or 0 for the last epoch)"
 fi
 
-if (( stage > 2 && stop_stage >= 5 && lm_order > 0 )) && [ ! -f "$lm" ]; then  # now, not after training
+if (( stage > 2 && stop_stage >= 5 && lm_order > 0 && lm_used )) && [ ! -f "$lm" ]; then  # now, not after training
   die "$lm is missing: run stage 2 (--stage 2), or decode without LM (--lm_order 0)"
 fi
 
@@ -236,9 +240,9 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
   fi
   lm_options=()
   lm_title=
-  if [ "$lm_order" -gt 0 ]; then
-    lm_options=(--lm "$lm" --lm_weight "$lm_weight" --word_bonus "$word_bonus" --open_word_penalty "$open_word_penalty")
-    lm_title=", $lm_order-gram LM weight $lm_weight bonus $word_bonus penalty $open_word_penalty"
+  if (( lm_order > 0 && lm_used )); then
+    lm_options=(--lm "$lm" --lm_weight "$lm_weight" --word_bonus "$word_bonus" --oov_penalty "$oov_penalty")
+    lm_title=", $lm_order-gram LM weight $lm_weight bonus $word_bonus penalty $oov_penalty"
   fi
   echo "stage 5: decoding $decode_dirs with $decode_modes${lm_title}, $num_nodes node(s) x $decode_nproc_per_node process(es)"
   for x in $decode_dirs; do

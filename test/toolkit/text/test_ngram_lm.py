@@ -1,4 +1,5 @@
 """The word n-gram LM: modified Kneser-Ney estimates checked by hand and through KenLM, on real transcripts."""
+import gzip
 import math
 import subprocess
 import sys
@@ -13,8 +14,8 @@ from toolkit.text.ngram_lm import (FALLBACK_DISCOUNTS, WordNgramLM, arpa_vocabul
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def kenlm_model(tmp_path, sentences, order):
-    path = tmp_path / "lm.arpa"
+def kenlm_model(tmp_path, sentences, order, name="lm.arpa"):
+    path = tmp_path / name
     path.write_text(kneser_ney_arpa(sentences, order), encoding="utf-8")
     return kenlm.Model(str(path)), path
 
@@ -75,6 +76,8 @@ def test_the_tool_writes_the_arpa_and_refuses_an_empty_text(tmp_path):
     assert run.returncode == 1 and run.stderr.strip().splitlines() == [f"{empty}: no words to estimate an n-gram "
                                                                       "model from"]
     assert not (tmp_path / "x.arpa").exists()
+    run = subprocess.run(tool + [str(tmp_path / "missing"), str(out)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1 and "No such file" in run.stderr
 
 
 def test_fusion_scores_whole_words_as_kenlm_scores_the_sentence(tmp_path):
@@ -92,17 +95,50 @@ def test_fusion_scores_whole_words_as_kenlm_scores_the_sentence(tmp_path):
         assert lm.finish(part, prefix) == pytest.approx(expected, rel=1e-6)  # KenLM sums in float32
 
 
-def test_the_open_word_penalty_applies_while_a_word_begins_no_lm_word(tmp_path):
+def test_the_oov_penalty_applies_from_where_a_word_leaves_the_vocabulary_and_to_the_whole_word(tmp_path):
     _, path = kenlm_model(tmp_path, [["SIX"], ["SEVEN"]], order=2)
+    model = kenlm.Model(str(path))
     units = {0: "<blank>", 1: "<unk>", 2: "▁", 3: "S", 4: "I", 5: "X", 6: "E", 7: "Q"}
-    lm = WordNgramLM(str(path), units, weight=1.0, word_bonus=0.0, open_word_penalty=-10.0)
-    scores, part, prefix = [], lm.start(), []
-    for token in [3, 4, 5, 2, 3, 7, 2]:  # S I X ▁ S Q ▁: "SQ" begins no word
+    lm = WordNgramLM(str(path), units, weight=1.0, word_bonus=0.0, oov_penalty=-10.0)
+    penalties, part, prefix = [], lm.start(), []
+    for token in [3, 4, 5, 2, 3, 7, 2, 3]:  # S I X ▁ S Q ▁ S: "SQ" begins no word
         part = lm.extend(part, prefix, token)
         prefix.append(token)
-        scores.append(part.score - part.closed)
-    assert scores == [0.0, 0.0, 0.0, 0.0, 0.0, -10.0, 0.0]
-    with pytest.raises(ValueError, match="needs an ARPA file"):
-        binary = tmp_path / "not_arpa"
-        binary.write_bytes(b"mmap lm http://kheafield.com/code format version 5\n")
+        penalties.append(round(part.score - part.closed, 6))
+    assert penalties == [0.0, 0.0, 0.0, 0.0, 0.0, -10.0, 0.0, 0.0]
+    # Once complete, the OOV word keeps its penalty: nothing is gained by ending it early.
+    expected = math.log(10) * model.score("SIX SQ S") - 10.0 * 2  # "S" is no word of the LM either
+    assert lm.finish(part, prefix) == pytest.approx(expected, rel=1e-6)
+
+
+def test_bad_lm_settings_and_an_lm_the_units_cannot_spell_are_refused(tmp_path):
+    sentences = [["six", "two"], ["six"], ["two", "one"]]
+    _, lower = kenlm_model(tmp_path, sentences, order=2)
+    _, upper = kenlm_model(tmp_path, [[w.upper() for w in s] for s in sentences], order=2, name="upper.arpa")
+    units = {0: "<blank>", 1: "<unk>", 2: "▁", **{3 + i: c for i, c in enumerate("ENOSTWIX")}, 11: "<sos/eos>"}
+    with pytest.raises(ValueError, match=r"3 of the LM's 3 words cannot be spelt with the model's units \(e.g. 'one'\)"):
+        WordNgramLM(str(lower), units, 0.5, 0.0)
+    assert WordNgramLM(str(upper), units, 0.5, 0.0, -10.0).vocabulary == {"SIX", "TWO", "ONE"}
+    for weight, bonus, penalty in ((-0.1, 0.0, 0.0), (float("nan"), 0.0, 0.0), (0.5, float("inf"), 0.0),
+                                   (0.5, 0.0, 1.0)):
+        with pytest.raises(ValueError, match="need lm_weight >= 0"):
+            WordNgramLM(str(upper), units, weight, bonus, penalty)
+
+
+def test_the_estimator_refuses_orders_kenlm_cannot_load_and_sentence_markers_in_the_text():
+    for order in (1, 7):
+        with pytest.raises(ValueError, match=f"must be in 2..6 .what KenLM loads., got {order}"):
+            kneser_ney_arpa([["A"]], order)
+    with pytest.raises(ValueError, match="sentence 2 holds <s> or </s>"):
+        kneser_ney_arpa([["A"], ["A", "<s>", "B"]], 2)
+
+
+def test_a_gzipped_arpa_file_is_read_like_the_plain_one(tmp_path):
+    _, path = kenlm_model(tmp_path, [["SIX", "TWO"], ["SIX"]], order=2)
+    packed = tmp_path / "lm.arpa.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert arpa_vocabulary(str(packed)) == arpa_vocabulary(str(path)) == {"<s>", "</s>", "<unk>", "SIX", "TWO"}
+    binary = tmp_path / "not_arpa"
+    binary.write_bytes(b"mmap lm http://kheafield.com/code format version 5\n")
+    with pytest.raises(ValueError, match="not an ARPA file"):
         arpa_vocabulary(str(binary))

@@ -17,6 +17,8 @@ from toolkit.utils.mask import make_pad_mask
 
 DECODING_METHODS = ("ctc_greedy_search", "ctc_prefix_beam_search", "attention",
                     "attention_rescoring")
+# The methods a language model passed to ASRModel.decode changes (through the CTC prefix beam search n-best).
+LM_METHODS = ("ctc_prefix_beam_search", "attention_rescoring")
 
 
 def add_sos_eos(ys_pad: torch.Tensor, ys_lens: torch.Tensor, sos: int, eos: int,
@@ -191,7 +193,7 @@ class ASRModel(nn.Module):
                 results["attention"] = attention_beam_search(
                     self.decoder, encoder_out, encoder_mask, self.sos, self.eos, beam_size,
                     length_penalty)
-            need_nbest = "ctc_prefix_beam_search" in methods or "attention_rescoring" in methods
+            need_nbest = any(method in LM_METHODS for method in methods)
             if "ctc_greedy_search" in methods or need_nbest:
                 ctc_log_probs = self.ctc.log_softmax(encoder_out)
             if "ctc_greedy_search" in methods:
