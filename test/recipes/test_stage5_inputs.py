@@ -14,7 +14,7 @@ import yaml
 
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import write_symbol_table
-from toolkit.utils.checkpoint import save_checkpoint
+from toolkit.utils.checkpoint import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = list("EFGHINORSTUVWXZ") + ["▁"]  # tiny_fsdd's letters: 19 symbols with <blank>, <unk>, <sos/eos>
@@ -87,6 +87,19 @@ def test_a_word_lm_is_used_as_given_and_a_file_kenlm_cannot_read_is_refused_in_o
     errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert proc.returncode == 2 and len(errors) == 1 and f"--lm {broken}: " in errors[0], proc.stderr[-2000:]
     assert not (tmp_path / "broken-units19.txt").exists()
+
+
+def test_an_all_empty_decoding_and_lm_settings_without_an_lm_are_reported(tmp_path):
+    make_model(tmp_path)
+    state = load_checkpoint(str(tmp_path / "m.pt"))
+    state["model"]["ctc.ctc_lo.bias"][0] = 1e4  # blank wins every frame: every CTC hypothesis is empty
+    save_checkpoint(str(tmp_path / "m.pt"), state, {"tag": "blank"})
+    proc = decode(tmp_path, "units19.txt", "--lm_weight", "0.3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--lm_weight given without --lm: decoding without LM" in proc.stderr
+    assert "ctc_greedy_search: every hypothesis is empty" in proc.stderr
+    summary = json.loads((tmp_path / "result-units19.txt" / "decode_summary.json").read_text())
+    assert summary["empty_hypotheses"] == {"ctc_greedy_search": 2} and summary["lm"] is None
 
 
 def test_average_num_0_decodes_the_newest_epoch_by_number(tmp_path):

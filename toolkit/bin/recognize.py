@@ -59,6 +59,7 @@ from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
 from toolkit.utils.config import ConfigError, exit_on_config_error
 from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
+LM_DEFAULTS = {"lm_weight": 0.5, "word_bonus": 0.0, "oov_penalty": 0.0}
 # NOTE: these skips lose utterances before their key is read, so they cannot be scored as deletions here.
 UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
 
@@ -81,11 +82,13 @@ def get_args(argv=None) -> argparse.Namespace:
                         help="word n-gram LM (ARPA, or a KenLM binary with --oov_penalty 0; e.g. from "
                              "tools/train_ngram_lm.py) fused into ctc_prefix_beam_search and so into "
                              "attention_rescoring's n-best; empty: none")
-    parser.add_argument("--lm_weight", type=float, default=0.5, help="with --lm: weight of its natural-log score")
-    parser.add_argument("--word_bonus", type=float, default=0.0, help="with --lm: added per word of a hypothesis")
-    parser.add_argument("--oov_penalty", type=float, default=0.0,
-                        help="with --lm: added per word outside the LM's vocabulary, and to a prefix from the "
-                             "moment its last word begins no word of the LM (<= 0; 0: off)")
+    parser.add_argument("--lm_weight", type=float, help=f"with --lm: weight of its natural-log score (default "
+                                                        f"{LM_DEFAULTS['lm_weight']})")
+    parser.add_argument("--word_bonus", type=float, help="with --lm: added per word of a hypothesis (default "
+                                                         f"{LM_DEFAULTS['word_bonus']})")
+    parser.add_argument("--oov_penalty", type=float,
+                        help="with --lm: added per word outside the LM's vocabulary, and to a prefix from the moment "
+                             f"its last word begins no word of the LM (<= 0; default {LM_DEFAULTS['oov_penalty']}: off)")
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
     return parser.parse_args(argv)
@@ -150,6 +153,12 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
     if extra:
         logging.warning("%d decoded keys have no reference in %s (ignored): %s", len(extra), args.test_data,
                         extra[:10])
+    empty = {mode: sum(1 for text in hyps.values() if not text) for mode, hyps in job.hyps.items()}
+    for mode, count in empty.items():
+        if job.owner and count == len(job.owner):
+            logging.warning("%s: every hypothesis is empty (a model that has not learnt to spell yet%s)", mode,
+                            "; with --lm, its OOV penalty then prefers no word to a misspelt one: try --oov_penalty 0"
+                            if args.lm and mode in LM_METHODS else "")
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
         "lm": {"path": args.lm, "lm_weight": args.lm_weight, "word_bonus": args.word_bonus,
@@ -160,7 +169,7 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
                        "repeated": sum(job.repeated.values()), "without_hypothesis": len(missing),
                        "without_reference": len(extra)},
         "decoded_per_rank": job.decoded_per_rank, "skipped": dict(sorted(job.skipped.items())),
-        "no_encoder_frame": job.no_encoder_frame,
+        "no_encoder_frame": job.no_encoder_frame, "empty_hypotheses": empty,
         "audio_s": round(audio_s, 3), "decode_wall_s": round(wall_s, 3),
         "rtf": round(wall_s / audio_s, 5) if audio_s else None,
         "progress_store_adds": {"calls": progress.add_calls, "seconds": round(progress.add_s, 4)},  # rank 0's
@@ -206,6 +215,11 @@ def main(argv=None) -> None:
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
     check_model_fits_table(tokenizer, config.output_dim, args.config)
     lm = None
+    given = [f"--{name}" for name in LM_DEFAULTS if getattr(args, name) is not None]
+    if given and not args.lm:
+        logging.warning("%s given without --lm: decoding without LM", "/".join(given))
+    for name, default in LM_DEFAULTS.items():
+        setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
     if args.lm and not any(mode in LM_METHODS for mode in args.modes):
         logging.warning("--lm %s: not loaded, since none of --modes uses an LM (only %s do)", args.lm,
                         " and ".join(LM_METHODS))

@@ -34,11 +34,11 @@ FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
 LN_10 = math.log(10.0)
 
 
-def modified_kn_discounts(adjusted_counts: Iterable[int]) -> tuple[float, float, float]:
+def modified_kn_discounts(adjusted_counts: Iterable[int], order: int = 0) -> tuple[float, float, float]:
     """D1, D2, D3+ of one order from its n-grams' adjusted counts (Chen & Goodman, eq. 26).
 
-    Returns :data:`FALLBACK_DISCOUNTS` (and logs a warning) when an order has no n-gram seen exactly 1, 2, 3 or 4
-    times, or a discount falls outside (0, k).
+    Returns :data:`FALLBACK_DISCOUNTS` (and logs a warning naming ``order``) when an order has no n-gram seen
+    exactly 1, 2, 3 or 4 times, or a discount falls outside (0, k).
     """
     n = Counter(count for count in adjusted_counts if count <= 4)
     if all(n[k] > 0 for k in (1, 2, 3, 4)):
@@ -46,8 +46,8 @@ def modified_kn_discounts(adjusted_counts: Iterable[int]) -> tuple[float, float,
         discounts = tuple(k - (k + 1) * y * n[k + 1] / n[k] for k in (1, 2, 3))
         if all(0 < d < k for k, d in zip((1, 2, 3), discounts)):
             return discounts
-    logging.warning("modified Kneser-Ney: counts of counts %s give no valid discounts (too little text for this "
-                    "order); using %s", [n[k] for k in (1, 2, 3, 4)], FALLBACK_DISCOUNTS)
+    logging.warning("modified Kneser-Ney, %d-grams: counts of counts %s give no valid discounts (too little text); "
+                    "using %s", order, [n[k] for k in (1, 2, 3, 4)], FALLBACK_DISCOUNTS)
     return FALLBACK_DISCOUNTS
 
 
@@ -92,7 +92,7 @@ def kneser_ney_arpa(sentences: Iterable[Sequence[str]], order: int) -> str:
     backoffs: list[dict] = [{} for _ in range(order + 1)]  # backoffs[n][context of n words]
     vocab_size = len(adjusted[1])
     for n in range(1, order + 1):
-        discounts = (0.0, *modified_kn_discounts(adjusted[n].values()))
+        discounts = (0.0, *modified_kn_discounts(adjusted[n].values(), n))
         totals: dict = defaultdict(int)
         mass: dict = defaultdict(float)
         for ngram, count in adjusted[n].items():

@@ -140,6 +140,15 @@ except ConfigError as e:
     die "--average_num $average_num needs at least $average_num epochs, but train_conf.max_epoch is $max_epoch (lower --average_num, or 0 for the last epoch)"
 fi
 
+if (( stage <= 4 && stop_stage >= 4 )); then  # what training reads from the stages before --stage, checked now
+  needed=()
+  if (( stage > 1 )); then needed+=("$data/train/global_cmvn"); fi
+  if (( stage > 2 )); then needed+=("$dict"); [ "$token_type" = char ] || needed+=("$bpemodel.model"); fi
+  if (( stage > 3 )); then needed+=("$data/train/data.list" "$data/dev/data.list"); fi
+  for f in "${needed[@]}"; do
+    [ -f "$f" ] || die "$f is missing: training needs it; run the stages before --stage $stage first"
+  done
+fi
 if (( stage > 2 && stop_stage >= 5 && lm_order > 0 && lm_used )) && [ ! -f "$lm" ]; then  # now, not after training
   die "$lm is missing: run stage 2 (--stage 2), or decode without LM (--lm_order 0)"
 fi
