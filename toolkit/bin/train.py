@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 
 import torch
@@ -118,9 +119,12 @@ def main(argv=None) -> None:
     model = init_model(config)
     model.set_activation_checkpointing(train_conf.activation_checkpointing)
     trace_and_print_model(model, log=main_process_only(logging.info))
-    # 5. optimizer and LR scheduler, then the engine: DDP or DeepSpeed on this rank's device
+    # 5. optimizer and LR scheduler (a schedule that ends with the run learns its steps from the planned batches),
+    # then the engine: DDP or DeepSpeed on this rank's device
+    batches = train_set.batches_per_epoch()
+    max_steps = None if batches is None else train_conf.max_epoch * math.ceil(batches / train_conf.accum_grad)
     optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), config.optim, config.optim_conf,
-                                                        config.scheduler, config.scheduler_conf)
+                                                        config.scheduler, config.scheduler_conf, max_steps)
     engine = wrap_cuda_model(args, ctx, config, model, optimizer, scheduler)
     # 6. everything checked: the model dir is one disk for every rank (rank 0 writes what all read back), and rank 0
     # writes the effective train.yaml there (it alone rebuilds the model for decoding)

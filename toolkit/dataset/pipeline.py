@@ -236,6 +236,15 @@ class AsrDataset(IterableDataset):
             counts[worker // workers] += len(lines)
         return counts
 
+    def batches_per_epoch(self) -> Optional[int]:
+        """The batches of the rank with the most in epoch 0 when they are planned (:attr:`resumes_on_any_world_size`;
+        the same every epoch but with bucket batching, where they can differ by a few), else ``None``: shards and
+        dynamic batching are cut into batches as they are read."""
+        if not self.resumes_on_any_world_size:
+            return None
+        workers = max(1, self.conf.dataloader_conf.num_workers)
+        return max(Counter(worker // workers for _, worker in self.chunks(0, workers)).values(), default=0)
+
     def __iter__(self) -> Iterator[dict]:
         epoch = self.epoch + self._passes_since_set_epoch
         consumed = self._consumed if self._passes_since_set_epoch == 0 else {}

@@ -1,8 +1,11 @@
-"""Learning-rate schedules.
+"""Learning-rate schedules, each peaking at the optimizer's configured ``lr`` after a linear warm-up.
 
-``WarmupLR`` is the Noam schedule of "Attention Is All You Need" (arXiv:1706.03762, eq. 3) rescaled so that the
-peak equals the optimizer's configured ``lr``: linear warm-up for ``warmup_steps`` optimizer steps, then decay with
-the inverse square root of the step.
+``warmuplr`` (:class:`WarmupLR`) is the Noam schedule of "Attention Is All You Need" (arXiv:1706.03762, eq. 3):
+after ``warmup_steps`` optimizer steps it decays with the inverse square root of the step, without end.
+``warmupcosinelr`` (:class:`WarmupCosineLR`) anneals to ``final_lr_ratio`` x ``lr`` along half a cosine that ends
+at the run's last step (SGDR, arXiv:1608.03983, eq. 5, one cycle without restarts): for a run of known length
+(Li et al., "Budgeted training", arXiv:1905.04753: a schedule that decays to the end of the budget beats one that
+does not).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 
 from toolkit.utils.config import ConfigError
 
-SCHEDULER_CHOICES = ("warmuplr",)
+SCHEDULER_CHOICES = ("warmuplr", "warmupcosinelr")
 OPTIMIZER_CHOICES = ("adam", "adamw")
 
 
@@ -38,23 +41,77 @@ class WarmupLR(torch.optim.lr_scheduler.LRScheduler):
         return [base_lr * scale for base_lr in self.base_lrs]
 
 
+class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
+    """``lr(step) = base_lr * step / warmup_steps`` up to ``warmup_steps``, then
+    ``base_lr * (r + (1 - r) * (1 + cos(pi * p)) / 2)`` with ``p = (step - warmup_steps) / (max_steps -
+    warmup_steps)`` clipped to 1 and ``r = final_lr_ratio``; ``step`` counted from 1.
+
+    Args:
+        optimizer: the wrapped optimizer; its ``lr`` is the peak, reached at ``step == warmup_steps``.
+        warmup_steps: optimizer steps of the linear warm-up.
+        max_steps: the run's optimizer steps; from it on the LR stays at ``final_lr_ratio * lr``. The trainer fills
+            it from the planned batches (``train_conf.max_epoch`` x the steps of an epoch) when the config omits it.
+        final_lr_ratio: the LR at ``max_steps`` as a fraction of the peak, in [0, 1].
+
+    Raises:
+        ValueError: ``warmup_steps < 1``, ``max_steps <= warmup_steps`` or ``final_lr_ratio`` outside [0, 1].
+
+    The shape (``warmup_steps``, ``max_steps``, ``final_lr_ratio``) is the config's, not the checkpoint's: a run
+    resumed with a larger ``max_epoch`` stretches its remaining decay to the new end.
+    """
+
+    SHAPE = ("warmup_steps", "max_steps", "final_lr_ratio")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int = 500, max_steps: int = 0,
+                 final_lr_ratio: float = 0.0, last_epoch: int = -1):
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        if max_steps <= warmup_steps:
+            raise ValueError(f"max_steps ({max_steps}) must exceed warmup_steps ({warmup_steps})")
+        if not 0.0 <= final_lr_ratio <= 1.0:
+            raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}")
+        self.warmup_steps, self.max_steps, self.final_lr_ratio = warmup_steps, max_steps, final_lr_ratio
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        step = self.last_epoch + 1
+        if step < self.warmup_steps:
+            scale = step / self.warmup_steps
+        else:
+            progress = min(1.0, (step - self.warmup_steps) / (self.max_steps - self.warmup_steps))
+            scale = self.final_lr_ratio + (1 - self.final_lr_ratio) * (1 + math.cos(math.pi * progress)) / 2
+        return [base_lr * scale for base_lr in self.base_lrs]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        shape = {key: getattr(self, key) for key in self.SHAPE}
+        super().load_state_dict(state_dict)
+        self.__dict__.update(shape)
+
+
+SCHEDULER_CLASSES = {"warmuplr": WarmupLR, "warmupcosinelr": WarmupCosineLR}
+
+
 def init_optimizer_and_scheduler(
-    params, optim: str, optim_conf: dict, scheduler: str, scheduler_conf: dict
+    params, optim: str, optim_conf: dict, scheduler: str, scheduler_conf: dict, max_steps: int | None = None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """Build the optimizer and LR scheduler named in the config. The optimizer is torch's fused implementation
-    unless ``optim_conf`` sets ``fused`` or ``foreach``.
+    unless ``optim_conf`` sets ``fused`` or ``foreach``. ``max_steps`` (the run's optimizer steps, when the trainer
+    knows them in advance) fills ``scheduler_conf.max_steps`` of a schedule that takes it and where the config
+    omits it.
 
     Raises:
         ConfigError: an unknown optimizer or scheduler name, an ``optim_conf``/``scheduler_conf`` key the class
             does not take (the message lists the valid ones), a non-finite number, or a value the class refuses
-            (its own message, e.g. a negative learning rate).
+            (its own message, e.g. a negative learning rate); ``warmupcosinelr`` without ``max_steps`` where the
+            trainer cannot count the steps in advance (shards or dynamic batching).
     """
     if optim not in OPTIMIZER_CHOICES:
         raise ConfigError(f"optim: {optim!r} is not one of {list(OPTIMIZER_CHOICES)}")
     if scheduler not in SCHEDULER_CHOICES:
         raise ConfigError(f"scheduler: {scheduler!r} is not one of {list(SCHEDULER_CHOICES)}")
     optim_cls = torch.optim.Adam if optim == "adam" else torch.optim.AdamW
-    for name, cls, conf in (("optim_conf", optim_cls, optim_conf), ("scheduler_conf", WarmupLR, scheduler_conf)):
+    scheduler_cls = SCHEDULER_CLASSES[scheduler]
+    for name, cls, conf in (("optim_conf", optim_cls, optim_conf), ("scheduler_conf", scheduler_cls, scheduler_conf)):
         valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "params", "optimizer")]
         unknown = sorted(set(conf) - set(valid))
         if unknown:
@@ -63,6 +120,12 @@ def init_optimizer_and_scheduler(
             numbers = value if isinstance(value, (list, tuple)) else [value]
             if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
                 raise ConfigError(f"{name}.{key} must be finite, got {value!r}")
+    if "max_steps" in inspect.signature(scheduler_cls.__init__).parameters and "max_steps" not in scheduler_conf:
+        if max_steps is None:
+            raise ConfigError(f"scheduler_conf.max_steps: {scheduler} needs the run's optimizer steps, which the "
+                              "trainer counts only for raw lists with static or bucket batching; set it "
+                              "(max_epoch x optimizer steps per epoch)")
+        scheduler_conf = {**scheduler_conf, "max_steps": max_steps}
     if "fused" not in optim_conf and "foreach" not in optim_conf:
         # NOTE: one fused kernel for every parameter (CPU and GPU) instead of a loop over ~300 tensors: the
         # optimizer's share of a conformer step halves (docs/benchmarks.md); the same update up to rounding.
@@ -72,6 +135,6 @@ def init_optimizer_and_scheduler(
     except (ValueError, TypeError) as e:
         raise ConfigError(f"optim_conf: {e}") from e
     try:
-        return optimizer, WarmupLR(optimizer, **scheduler_conf)
+        return optimizer, scheduler_cls(optimizer, **scheduler_conf)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"scheduler_conf: {e}") from e

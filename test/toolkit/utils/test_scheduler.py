@@ -24,7 +24,7 @@ def test_unknown_optimizer_or_scheduler_lists_choices():
     params = [torch.nn.Parameter(torch.zeros(1))]
     with pytest.raises(ValueError, match=r"\['adam', 'adamw'\]"):
         init_optimizer_and_scheduler(params, "sgdd", {"lr": 1.0}, "warmuplr", {})
-    with pytest.raises(ValueError, match=r"\['warmuplr'\]"):
+    with pytest.raises(ValueError, match=r"\['warmuplr', 'warmupcosinelr'\]"):
         init_optimizer_and_scheduler(params, "adam", {"lr": 1.0}, "cosine", {})
 
 
