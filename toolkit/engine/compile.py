@@ -31,8 +31,6 @@ are drawn from torch's generator too.
 from __future__ import annotations
 
 import torch
-import torch._inductor.config
-import torch.fx.experimental._config
 from torch import nn
 
 
@@ -45,6 +43,11 @@ def compile_blocks(model: nn.Module) -> list[str]:
     Raises:
         ValueError: ``model`` holds no ``nn.ModuleList``, so nothing would be compiled.
     """
+    # NOTE: imported here, not at the top: importing inductor imports dynamo, 2-4 s of CPU in every process that
+    # imports the trainer (each rank and its loader workers' server), and only a compiled run needs them.
+    import torch._inductor.config
+    import torch.fx.experimental._config
+
     # NOTE: no "duck sizing": dynamo otherwise assumes two sizes that are equal in the first batch stay equal (a
     # decoder's L and the encoder's T', a batch's B and its T') and compiles again when they differ.
     torch.fx.experimental._config.use_duck_shape = False

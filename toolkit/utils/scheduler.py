@@ -54,7 +54,7 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
         final_lr_ratio: the LR at ``max_steps`` as a fraction of the peak, in [0, 1].
 
     Raises:
-        ValueError: ``warmup_steps < 1``, ``max_steps <= warmup_steps`` or ``final_lr_ratio`` outside [0, 1].
+        ValueError: ``warmup_steps < 1``, ``max_steps < 1`` or ``final_lr_ratio`` outside [0, 1].
 
     The shape (``warmup_steps``, ``max_steps``, ``final_lr_ratio``) is the config's, not the checkpoint's: a run
     resumed with a larger ``max_epoch`` stretches its remaining decay to the new end.
@@ -66,8 +66,8 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
                  final_lr_ratio: float = 0.0, last_epoch: int = -1):
         if warmup_steps < 1:
             raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
-        if max_steps <= warmup_steps:
-            raise ValueError(f"max_steps ({max_steps}) must exceed warmup_steps ({warmup_steps})")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if not 0.0 <= final_lr_ratio <= 1.0:
             raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}")
         self.warmup_steps, self.max_steps, self.final_lr_ratio = warmup_steps, max_steps, final_lr_ratio
@@ -75,10 +75,10 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
 
     def get_lr(self) -> list[float]:
         step = self.last_epoch + 1
-        if step < self.warmup_steps:
+        if step < self.warmup_steps:  # a run shorter than its warm-up (a smoke test) never decays
             scale = step / self.warmup_steps
         else:
-            progress = min(1.0, (step - self.warmup_steps) / (self.max_steps - self.warmup_steps))
+            progress = min(1.0, (step - self.warmup_steps) / max(1, self.max_steps - self.warmup_steps))
             scale = self.final_lr_ratio + (1 - self.final_lr_ratio) * (1 + math.cos(math.pi * progress)) / 2
         return [base_lr * scale for base_lr in self.base_lrs]
 
@@ -123,8 +123,8 @@ def init_optimizer_and_scheduler(
     if "max_steps" in inspect.signature(scheduler_cls.__init__).parameters and "max_steps" not in scheduler_conf:
         if max_steps is None:
             raise ConfigError(f"scheduler_conf.max_steps: {scheduler} needs the run's optimizer steps, which the "
-                              "trainer counts only for raw lists with static or bucket batching; set it "
-                              "(max_epoch x optimizer steps per epoch)")
+                              "trainer counts in advance for raw lists with static or bucket batching, not for "
+                              "shards or dynamic batching: set it (max_epoch x optimizer steps per epoch)")
         scheduler_conf = {**scheduler_conf, "max_steps": max_steps}
     if "fused" not in optim_conf and "foreach" not in optim_conf:
         # NOTE: one fused kernel for every parameter (CPU and GPU) instead of a loop over ~300 tensors: the

@@ -350,6 +350,18 @@ def test_planned_batches_are_sorted_runs_and_the_dealing_evens_out_the_ranks():
     assert all(len({frames[i] > 50 for i in b}) == 1 for b in planned) and sorted(sum(planned, [])) == list(range(10))
 
 
+def test_batches_per_epoch_is_what_the_rank_with_the_most_reads(data_list, tokenizer):
+    # what a schedule that ends with the run (warmupcosinelr) counts its steps from, before any audio is read
+    for world_size in (1, 2, 3):
+        per_rank, _ = epoch_batches(data_list, tokenizer, world_size, 1, epoch=0)
+        dataset = build_dataset(data_list, tokenizer, CHUNK_CONF, rank=0, world_size=world_size)
+        assert dataset.batches_per_epoch() == max(len(batches) for batches in per_rank) > 0
+    assert build_dataset(data_list, tokenizer, CHUNK_CONF, world_size=2).batches_per_epoch() == 10  # 80 lines / 4 / 2
+    dynamic = {"batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 1000}}
+    assert build_dataset(data_list, tokenizer, dynamic).batches_per_epoch() is None
+    assert build_dataset(data_list, tokenizer, CHUNK_CONF, mode="cv").batches_per_epoch() is None
+
+
 @pytest.mark.parametrize("batch_conf", [CHUNK_CONF["batch_conf"], {"batch_type": "bucket", "bucket_boundaries": [60],
                                                                     "bucket_batch_sizes": [4, 2]}])
 def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(data_list, tokenizer, batch_conf):

@@ -19,6 +19,13 @@ class _Stride2Conv2d(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            # NOTE: cast here as autocast casts conv2d's inputs, and saved so: the backward's products then run
+            # in the dtype of the forward (bf16 activations with the float32 weight saved made oneDNN's
+            # convolution_backward fail on CPUs without native bf16, "expected scalar type BFloat16 but found
+            # Float"); autograd casts the gradients back to each input's dtype.
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
         ctx.save_for_backward(x, weight)
         return nn.functional.conv2d(x, weight, bias, 2)
 

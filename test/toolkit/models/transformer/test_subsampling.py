@@ -64,6 +64,28 @@ def test_front_end_convolutions_and_their_gradients_equal_plain_conv2d(tiny_fsdd
         assert_equal_up_to_rounding(scripted(feats), ref)
 
 
+def test_front_end_under_bf16_autocast_matches_plain_conv2d_and_its_gradients(tiny_fsdd):
+    """bf16 training on CPU (``train_conf.dtype bf16``): the custom weight gradient runs in the dtype autocast gave
+    the convolution. It failed on a CPU without native bf16 (AMD EPYC, AVX2: "expected scalar type BFloat16 but
+    found Float", the saved float32 weight against bf16 activations); each gradient is float32 like its parameter
+    and within bf16 rounding of autocast's plain conv2d."""
+    torch.manual_seed(0)
+    conv = Conv2dSubsampling4(80, 8, PositionalEncoding(8, 0.0), channels=6).train().conv
+    feats, _ = tiny_fsdd.batch(["george-0-01", "nicolas-6-00"])
+    params = [conv.weight1, conv.bias1, conv.weight2, conv.bias2]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = conv(feats), _reference_convolutions(conv, feats)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert float((out - ref).abs().max()) <= 0.02 * float(ref.abs().max())
+    upstream = torch.randn(ref.shape, generator=torch.Generator().manual_seed(0))
+    grads = torch.autograd.grad(out.float(), params, upstream)
+    ref_grads = torch.autograd.grad(ref.float(), params, upstream)
+    for grad, ref_grad in zip(grads, ref_grads):
+        assert grad.dtype == torch.float32 and grad.shape == ref_grad.shape
+        # bf16 has 8 bits of mantissa: sums over thousands of positions, rounded in another order, agree to ~1 %
+        assert float((grad - ref_grad).abs().max()) <= 0.02 * float(ref_grad.abs().max())
+
+
 def test_front_end_parameters_keep_the_default_layout_and_conv2d_initialisation():
     """DDP buckets and DeepSpeed flatten the parameters: they stay contiguous (the channels-last copies live in the
     graph), and a gradient step leaves them so."""
