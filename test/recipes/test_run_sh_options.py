@@ -18,6 +18,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     (["--train_config", "conf/train_tiny.yaml", "--overrides", "train_conf.max_epoch 2"],
      "--average_num 3 needs at least 3 epochs, but train_conf.max_epoch is 2"),
     (["--overrides", "train_conf.max_epok 2"], "unknown key 'max_epok' at train_conf"),
+    (["--overrides", "scheduler warmupcosinlr"], "scheduler: 'warmupcosinlr' is not one of ['warmuplr', "
+                                                 "'warmupcosinelr']"),
+    (["--overrides", "scheduler_conf {warmup_steps: 2.5}"], "scheduler_conf: warmup_steps must be an integer"),
+    (["--overrides", "optim_conf {lr: -1.0}"], "optim_conf: Invalid learning rate: -1.0"),
+    (["--data_type", "shard", "--overrides", "scheduler warmupcosinelr"],
+     "scheduler_conf.max_steps: warmupcosinelr needs the run's optimizer steps"),
     (["--stage", "4", "--stop_stage", "4", "--overrides", "train_conf.max_epoch x"], "train_conf.max_epoch"),
     (["--lm_order", "08"], "--lm_order must be 0 (no LM) or 2..6 (what KenLM loads), got '08'"),
     (["--lm_order", "1"], "--lm_order must be 0 (no LM) or 2..6 (what KenLM loads), got '1'"),

@@ -151,6 +151,12 @@ def _with_last(items: Iterator) -> Iterator[Tuple[object, bool]]:
         yield pending, True
 
 
+def plans_batches(conf: DatasetConf) -> bool:
+    """Whether training plans its batches from the audio headers before reading any audio (raw lists with static or
+    bucket batching; see :class:`AsrDataset`), and so knows its steps per epoch in advance."""
+    return conf.data_type == "raw" and conf.batch_conf.batch_type != "dynamic"
+
+
 class AsrDataset(IterableDataset):
     """Iterable over batch dicts for one rank; see the module docstring for the batch contract.
 
@@ -196,7 +202,7 @@ class AsrDataset(IterableDataset):
     @property
     def resumes_on_any_world_size(self) -> bool:
         """Whether the epoch's batches are the same for every world size (so a mid-epoch position holds on any)."""
-        return self.mode == "train" and self.conf.data_type == "raw" and self.conf.batch_conf.batch_type != "dynamic"
+        return self.mode == "train" and plans_batches(self.conf)
 
     def set_epoch(self, epoch: int, consumed: Optional[Dict[int, Tuple[int, bool]]] = None) -> None:
         """Select the shuffling/augmentation seed for the next pass (call before each epoch).

@@ -125,7 +125,9 @@ def apply_overrides(config: dict, overrides: list[str]) -> dict:
             if not isinstance(node, dict) or name not in node:
                 where = ".".join(names[:depth]) or "top level"
                 valid = sorted(node) if isinstance(node, dict) else []
-                raise ConfigError(f"override {dotted!r}: unknown key {name!r} at {where}; valid keys: {valid}")
+                hint = f" (those set here; a key the section takes that is not set: '{where} {{{name}: value}}')"
+                raise ConfigError(f"override {dotted!r}: unknown key {name!r} at {where}; valid keys: {valid}"
+                                  + (hint if depth else ""))
             if depth == len(names) - 1:
                 node[name] = _parse_override(node[name], text, dotted)
             else:

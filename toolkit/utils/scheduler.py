@@ -11,6 +11,7 @@ does not).
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 
 import torch
@@ -30,8 +31,7 @@ class WarmupLR(torch.optim.lr_scheduler.LRScheduler):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int = 25000, last_epoch: int = -1):
-        if warmup_steps < 1:
-            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        _check_steps("warmup_steps", warmup_steps)
         self.warmup_steps = warmup_steps
         super().__init__(optimizer, last_epoch)
 
@@ -54,22 +54,22 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
         final_lr_ratio: the LR at ``max_steps`` as a fraction of the peak, in [0, 1].
 
     Raises:
-        ValueError: ``warmup_steps < 1``, ``max_steps < 1`` or ``final_lr_ratio`` outside [0, 1].
+        ValueError: ``warmup_steps`` or ``max_steps`` not an integer >= 1, ``final_lr_ratio`` not a number in
+            [0, 1].
 
     The shape (``warmup_steps``, ``max_steps``, ``final_lr_ratio``) is the config's, not the checkpoint's: a run
-    resumed with a larger ``max_epoch`` stretches its remaining decay to the new end.
+    resumed with a larger ``max_epoch`` stretches its remaining decay to the new end, from its first step on.
     """
 
     SHAPE = ("warmup_steps", "max_steps", "final_lr_ratio")
 
     def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int = 500, max_steps: int = 0,
                  final_lr_ratio: float = 0.0, last_epoch: int = -1):
-        if warmup_steps < 1:
-            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-        if not 0.0 <= final_lr_ratio <= 1.0:
-            raise ValueError(f"final_lr_ratio must be in [0, 1], got {final_lr_ratio}")
+        _check_steps("warmup_steps", warmup_steps)
+        _check_steps("max_steps", max_steps)
+        if isinstance(final_lr_ratio, bool) or not isinstance(final_lr_ratio, (int, float)) or not (
+                0.0 <= final_lr_ratio <= 1.0):
+            raise ValueError(f"final_lr_ratio must be a number in [0, 1], got {final_lr_ratio!r}")
         self.warmup_steps, self.max_steps, self.final_lr_ratio = warmup_steps, max_steps, final_lr_ratio
         super().__init__(optimizer, last_epoch)
 
@@ -86,6 +86,16 @@ class WarmupCosineLR(torch.optim.lr_scheduler.LRScheduler):
         shape = {key: getattr(self, key) for key in self.SHAPE}
         super().load_state_dict(state_dict)
         self.__dict__.update(shape)
+        # the next step's LR on this shape (the optimizer's restored LR is the old shape's): with the same shape the
+        # same number, so an exact resume stays exact
+        self._last_lr = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr
+
+
+def _check_steps(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 SCHEDULER_CLASSES = {"warmuplr": WarmupLR, "warmupcosinelr": WarmupCosineLR}
@@ -112,7 +122,8 @@ def init_optimizer_and_scheduler(
     optim_cls = torch.optim.Adam if optim == "adam" else torch.optim.AdamW
     scheduler_cls = SCHEDULER_CLASSES[scheduler]
     for name, cls, conf in (("optim_conf", optim_cls, optim_conf), ("scheduler_conf", scheduler_cls, scheduler_conf)):
-        valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "params", "optimizer")]
+        valid = [p for p in inspect.signature(cls.__init__).parameters
+                 if p not in ("self", "params", "optimizer", "last_epoch")]
         unknown = sorted(set(conf) - set(valid))
         if unknown:
             raise ConfigError(f"{name}: unknown keys {unknown}; valid keys: {valid}")
@@ -124,7 +135,9 @@ def init_optimizer_and_scheduler(
         if max_steps is None:
             raise ConfigError(f"scheduler_conf.max_steps: {scheduler} needs the run's optimizer steps, which the "
                               "trainer counts in advance for raw lists with static or bucket batching, not for "
-                              "shards or dynamic batching: set it (max_epoch x optimizer steps per epoch)")
+                              "shards or dynamic batching: set it to max_epoch x optimizer steps per epoch (in "
+                              "the YAML, or --override_config 'scheduler_conf {max_steps: N}')")
+        logging.info("scheduler %s: max_steps %d, counted from the planned batches", scheduler, max_steps)
         scheduler_conf = {**scheduler_conf, "max_steps": max_steps}
     if "fused" not in optim_conf and "foreach" not in optim_conf:
         # NOTE: one fused kernel for every parameter (CPU and GPU) instead of a loop over ~300 tensors: the

@@ -127,13 +127,19 @@ fi
 IFS=';' read -ra extra <<< "$overrides"
 for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_config "$o"); done
 if (( stage <= 4 && stop_stage >= 4 )); then
-  # The config and overrides are read now (a typo is one line before any work, not one per rank and torchrun's
-  # traceback), and the averaging is checked against the epochs this run will train, not after them.
+  # The config and overrides are read now, and the optimizer and LR schedule built on a stand-in parameter (a typo
+  # is one line before any work, not one per rank and torchrun's traceback; max_steps: any count where the trainer
+  # will count one), and the averaging is checked against the epochs this run will train, not after them.
   override_values=()
   for ((i = 1; i < ${#train_overrides[@]}; i += 2)); do override_values+=("${train_overrides[$i]}"); done
-  max_epoch=$(python -c 'import sys; from toolkit.config import read_config; from toolkit.utils.config import ConfigError
+  max_epoch=$(python -c 'import sys; import torch
+from toolkit.config import read_config; from toolkit.dataset.pipeline import plans_batches
+from toolkit.utils.config import ConfigError; from toolkit.utils.scheduler import init_optimizer_and_scheduler
 try:
-    print(read_config(sys.argv[1], sys.argv[2:]).train_conf.max_epoch)
+    c = read_config(sys.argv[1], sys.argv[2:])
+    init_optimizer_and_scheduler([torch.nn.Parameter(torch.zeros(1))], c.optim, c.optim_conf, c.scheduler,
+                                 c.scheduler_conf, 1 if plans_batches(c.dataset_conf) else None)
+    print(c.train_conf.max_epoch)
 except ConfigError as e:
     sys.exit(f"--train_config/--overrides: {e}")' "$train_config" "${override_values[@]}") || exit 1
   (( stop_stage < 5 || average_num == 0 || max_epoch >= average_num )) ||

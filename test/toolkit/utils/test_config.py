@@ -53,6 +53,12 @@ def test_a_whole_section_override_keeps_the_yaml_values_it_does_not_name():
 def test_unknown_override_key_lists_valid_keys():
     with pytest.raises(ConfigError, match=r"unknown key 'max_epochs'.*\['dtype', 'grad_clip', 'max_epoch'\]"):
         apply_overrides(BASE, ["train_conf.max_epochs 3"])
+    # a key of an untyped section that the YAML does not set: the message shows the mapping form, which adds it
+    with pytest.raises(ConfigError, match=r"unknown key 'max_steps' at scheduler_conf; valid keys: \['warmup_steps'\]"
+                                          r" .*'scheduler_conf \{max_steps: value\}'"):
+        read_config(RECIPE_YAML, ["scheduler_conf.max_steps 7520"])
+    assert read_config(RECIPE_YAML, ["scheduler_conf {max_steps: 7520}"]).scheduler_conf == {
+        "warmup_steps": 500, "max_steps": 7520}
     with pytest.raises(ConfigError, match="expected an integer"):
         apply_overrides(BASE, ["train_conf.max_epoch three"])
     with pytest.raises(ConfigError, match="expected an integer"):

@@ -42,11 +42,19 @@ def test_warmup_cosine_lr_warms_up_then_anneals_to_its_final_ratio_at_max_steps(
     assert all(a >= b for a, b in zip(lrs[99:], lrs[100:]))            # never rises after the peak
     short = WarmupCosineLR(optimizer, warmup_steps=100, max_steps=25)  # a smoke test's run, shorter than warm-up
     assert lrs_of(optimizer, short, 25) == pytest.approx(lrs[:25])
-    for bad, message in (({"warmup_steps": 0, "max_steps": 10}, "warmup_steps"),
+    for bad, message in (({"warmup_steps": 0, "max_steps": 10}, "warmup_steps must be an integer >= 1, got 0"),
                          ({"warmup_steps": 10, "max_steps": 0}, "max_steps"),
-                         ({"warmup_steps": 1, "max_steps": 10, "final_lr_ratio": 1.5}, r"\[0, 1\]")):
+                         ({"warmup_steps": 10.5, "max_steps": 20}, "warmup_steps .* got 10.5"),
+                         ({"warmup_steps": True, "max_steps": 20}, "warmup_steps .* got True"),
+                         ({"warmup_steps": 1, "max_steps": 10, "final_lr_ratio": 1.5}, r"\[0, 1\]"),
+                         ({"warmup_steps": 1, "max_steps": 10, "final_lr_ratio": "0.1"}, "final_lr_ratio .* '0.1'")):
         with pytest.raises(ValueError, match=message):
             WarmupCosineLR(optimizer, **bad)
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    with pytest.raises(ConfigError, match=r"scheduler_conf: unknown keys \['last_epoch'\]"):
+        init_optimizer_and_scheduler(params, "adam", {"lr": 0.1}, "warmupcosinelr", {"last_epoch": 5}, 40)
+    with pytest.raises(ConfigError, match=r"scheduler_conf: warmup_steps must be an integer"):
+        init_optimizer_and_scheduler(params, "adam", {"lr": 0.1}, "warmuplr", {"warmup_steps": 2.5})
 
 
 def test_max_steps_comes_from_the_trainer_unless_the_config_sets_it_and_a_resume_keeps_the_configs_shape():
@@ -64,11 +72,21 @@ def test_max_steps_comes_from_the_trainer_unless_the_config_sets_it_and_a_resume
     optimizer, short = init_optimizer_and_scheduler(params, "adam", {"lr": 0.1}, "warmupcosinelr",
                                                     {"warmup_steps": 2}, 40)
     lrs_of(optimizer, short, 20)
+    saved = {"optimizer": optimizer.state_dict(), "scheduler": short.state_dict()}
     optimizer, long = init_optimizer_and_scheduler(params, "adam", {"lr": 0.1}, "warmupcosinelr",
                                                    {"warmup_steps": 2}, 80)
-    long.load_state_dict(short.state_dict())
+    optimizer.load_state_dict(saved["optimizer"])  # as the engines restore: the optimizer, then the scheduler
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * (1 + math.cos(math.pi * 19 / 38)) / 2)
+    long.load_state_dict(saved["scheduler"])
     assert long.last_epoch == 20 and long.max_steps == 80
-    assert long.get_lr()[0] == pytest.approx(0.1 * (1 + math.cos(math.pi * 19 / 78)) / 2)
+    # the first step after the resume already runs at the new shape's LR
+    assert lrs_of(optimizer, long, 2) == pytest.approx([0.1 * (1 + math.cos(math.pi * s / 78)) / 2 for s in (19, 20)])
+    # the same shape: the saved LR to the bit (exact resume)
+    optimizer, again = init_optimizer_and_scheduler(params, "adam", {"lr": 0.1}, "warmupcosinelr",
+                                                    {"warmup_steps": 2}, 40)
+    optimizer.load_state_dict(saved["optimizer"])
+    again.load_state_dict(saved["scheduler"])
+    assert optimizer.param_groups[0]["lr"] == saved["optimizer"]["param_groups"][0]["lr"]
 
 
 def test_unknown_optimizer_or_scheduler_lists_choices():
