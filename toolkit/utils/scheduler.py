@@ -18,7 +18,6 @@ import torch
 
 from toolkit.utils.config import ConfigError
 
-SCHEDULER_CHOICES = ("warmuplr", "warmupcosinelr")
 OPTIMIZER_CHOICES = ("adam", "adamw")
 
 
@@ -99,6 +98,7 @@ def _check_steps(name: str, value) -> None:
 
 
 SCHEDULER_CLASSES = {"warmuplr": WarmupLR, "warmupcosinelr": WarmupCosineLR}
+SCHEDULER_CHOICES = tuple(SCHEDULER_CLASSES)
 
 
 def init_optimizer_and_scheduler(
