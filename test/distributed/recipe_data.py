@@ -2,11 +2,15 @@
 missing audio, so that skip counts travel through checkpoints too), a char dict and CMVN stats made with the
 recipe's tools, the torchrun command line, and the exact-resume comparison shared by both engines' tests."""
 
+import functools
+import itertools
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -20,27 +24,47 @@ CONF = os.path.join(REPO, "examples", "english", "s0", "conf", "train_tiny.yaml"
 ENV = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
 
 
-def _kaldi(split: str) -> list[dict]:
+def kaldi_entries(split: str) -> list[dict]:
+    """tiny_fsdd's Kaldi dir ``split`` as ``{"key", "wav" (absolute), "txt"}`` in key order."""
     d = os.path.join(CORPUS, "data", split)
     wavs = dict(line.split() for line in open(os.path.join(d, "wav.scp")))
     texts = dict(line.strip().split(maxsplit=1) for line in open(os.path.join(d, "text")))
     return [{"key": k, "wav": os.path.join(CORPUS, wavs[k]), "txt": texts[k]} for k in sorted(wavs)]
 
 
-def write_data(data_dir, num_train: int = 80) -> None:
-    """``train.list`` (the first ``num_train`` of 80 utterances + 2 with missing audio), ``cv.list`` (20),
-    ``units.txt`` (from all 80), ``cmvn``."""
-    good = _kaldi("train")
-    bad = [{"key": f"bad-missing-{i}", "wav": str(data_dir / f"nope{i}.wav"), "txt": "ONE"} for i in range(2)]
-    for name, rows in (("train.list", good[:num_train] + bad), ("cv.list", _kaldi("dev"))):
+@functools.cache
+def units_and_cmvn() -> tuple[bytes, bytes]:
+    """``units.txt`` (the char dictionary of the 80 training texts) and ``cmvn`` (the stats of the 20 cv
+    utterances), made by the recipe's tools once per test session: the inputs never change, and each tool is a
+    Python start with torch (8 s of a test on a slow 2-core machine)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        text, units, cv, cmvn = (os.path.join(tmp, name) for name in ("text", "units.txt", "cv.list", "cmvn"))
+        with open(text, "w") as f:
+            f.writelines(f"{r['key']} {r['txt']}\n" for r in kaldi_entries("train"))
+        with open(cv, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kaldi_entries("dev"))
+        subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_dict.py"), text, units], check=True,
+                       env=ENV, capture_output=True)
+        subprocess.run([sys.executable, os.path.join(REPO, "tools", "compute_cmvn_stats.py"), "--train_config", CONF,
+                        "--in_data_list", cv, "--out_cmvn", cmvn], check=True, env=ENV, capture_output=True)
+        return open(units, "rb").read(), open(cmvn, "rb").read()
+
+
+def write_data(data_dir, num_train: int = 80, extra: tuple[dict, ...] = ()) -> int:
+    """``train.list`` (the first ``num_train`` of 80 utterances, then ``extra``, else 2 lines with missing audio),
+    ``cv.list`` (20), ``text`` (the 80), ``units.txt`` (from the 80), ``cmvn`` (of the cv list); returns
+    ``num_train``."""
+    good = kaldi_entries("train")
+    bad = extra or [{"key": f"bad-missing-{i}", "wav": str(data_dir / f"nope{i}.wav"), "txt": "ONE"}
+                    for i in range(2)]
+    for name, rows in (("train.list", good[:num_train] + list(bad)), ("cv.list", kaldi_entries("dev"))):
         with open(data_dir / name, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
     (data_dir / "text").write_text("".join(f"{r['key']} {r['txt']}\n" for r in good))
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_dict.py"), str(data_dir / "text"),
-                    str(data_dir / "units.txt")], check=True, env=ENV, capture_output=True)
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "compute_cmvn_stats.py"), "--train_config", CONF,
-                    "--in_data_list", str(data_dir / "cv.list"), "--out_cmvn", str(data_dir / "cmvn")],
-                   check=True, env=ENV, capture_output=True)
+    units, cmvn = units_and_cmvn()
+    (data_dir / "units.txt").write_bytes(units)
+    (data_dir / "cmvn").write_bytes(cmvn)
+    return num_train
 
 
 def train_args(data_dir, model_dir, *overrides: str) -> list[str]:
@@ -95,17 +119,47 @@ def copy_checkpoint(src_dir, dst_dir, tag: str) -> str:
     return str(dst_dir / f"{tag}.pt")
 
 
-def uninterrupted_and_resumed(tmp_path, *engine_args):
-    """Run 2 epochs with step checkpoints every 4 steps; resume a copy of ``step_8`` in a fresh model dir."""
-    write_data(tmp_path)
-    overrides = ("train_conf.max_epoch 2", "train_conf.save_interval_steps 4")
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    proc = run_standalone(train_args(tmp_path, full, *overrides) + list(engine_args), TIMEOUT_S)
+RESUME_OVERRIDES = ("train_conf.max_epoch 2", "train_conf.save_interval_steps 4")
+_SESSION_DIR = tempfile.TemporaryDirectory(prefix="toolkit-test-jobs-")  # removed when the test process exits
+_JOBS = itertools.count()
+
+
+def session_data(num_train: int = 80) -> pathlib.Path:
+    """One :func:`write_data` directory per ``num_train`` for the jobs :func:`finished_job` shares."""
+    data = pathlib.Path(_SESSION_DIR.name) / f"data{num_train}"
+    if not data.exists():
+        data.mkdir()
+        write_data(data, num_train)
+    return data
+
+
+@functools.cache
+def finished_job(overrides: tuple[str, ...], engine_args: tuple[str, ...] = (),
+                 num_train: int = 80) -> tuple[pathlib.Path, str]:
+    """A 2-rank job (:func:`train_args` with ``overrides``, then ``engine_args``) on :func:`session_data`, run once
+    per test session for each set of arguments: several tests compare against the same job, and each job is ~25 s
+    of process start-up alone on a slow 2-core machine. Returns its model dir, which callers only read, and its
+    stderr."""
+    model_dir = pathlib.Path(_SESSION_DIR.name) / f"job{next(_JOBS)}"
+    proc = run_standalone(train_args(session_data(num_train), model_dir, *overrides) + list(engine_args), TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert yaml.safe_load(open(full / "step_8.yaml"))["batches_in_epoch"] == 3  # epoch 1, mid-way
+    return model_dir, proc.stderr
+
+
+def uninterrupted(*engine_args: str) -> tuple[pathlib.Path, str]:
+    """:func:`finished_job` of 2 epochs with step checkpoints every 4 steps (``step_8``: epoch 1, mid-way)."""
+    model_dir, stderr = finished_job(RESUME_OVERRIDES, engine_args)
+    assert yaml.safe_load(open(model_dir / "step_8.yaml"))["batches_in_epoch"] == 3
+    return model_dir, stderr
+
+
+def uninterrupted_and_resumed(tmp_path, *engine_args):
+    """:func:`uninterrupted`, and a copy of its ``step_8`` resumed in fresh processes in ``tmp_path/resumed``."""
+    full, _ = uninterrupted(*engine_args)
+    resumed = tmp_path / "resumed"
     path = copy_checkpoint(full, resumed, "step_8")
-    proc = run_standalone(train_args(tmp_path, resumed, *overrides) + list(engine_args) + ["--checkpoint", path],
-                          TIMEOUT_S)
+    proc = run_standalone(train_args(session_data(), resumed, *RESUME_OVERRIDES) + list(engine_args)
+                          + ["--checkpoint", path], TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resumed from" in proc.stderr and "after 3 of its batches, step 8" in proc.stderr
     assert not os.path.exists(resumed / "epoch_0.pt")  # epoch 0 was done before the checkpoint

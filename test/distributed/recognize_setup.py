@@ -20,7 +20,7 @@ from toolkit.models.transformer.asr_model import DECODING_METHODS
 from toolkit.text.tokenizer import WORD_BOUNDARY, init_tokenizer, text_to_char_units, write_symbol_table
 from toolkit.utils.checkpoint import save_checkpoint
 
-from .recipe_data import CONF, ENV, REPO, _kaldi
+from .recipe_data import CONF, ENV, REPO, kaldi_entries
 
 MODES = DECODING_METHODS
 TIMEOUT_S = 240  # one decoding job: ~15 s on 2 idle cores; a hang still fails here
@@ -38,7 +38,7 @@ def write_model(data_dir) -> tuple[str, str]:
     """``data_dir/model/train.yaml`` and ``init.pt``: train_tiny.yaml's model, the char units and the CMVN of the
     tiny_fsdd train set (by the recipe's tools' functions), weights drawn from seed 0 (decoding is deterministic;
     the outputs are nonsense, but vary with the audio, which is all an identity test needs)."""
-    train = _kaldi("train")
+    train = kaldi_entries("train")
     write_symbol_table(sorted({u for e in train for u in text_to_char_units(e["txt"])} | {WORD_BOUNDARY}),
                        str(data_dir / "units.txt"))
     fbank = {"num_mel_bins": 80, "frame_length": 25.0, "frame_shift": 10.0}
@@ -60,7 +60,7 @@ def write_model(data_dir) -> tuple[str, str]:
 
 def fsdd_test_entries() -> list[dict]:
     """The 20 tiny_fsdd test utterances (unseen speaker), ``{"key", "wav", "txt"}`` in key order."""
-    return _kaldi("test")
+    return kaldi_entries("test")
 
 
 def write_list(path, entries: list[dict]) -> str:

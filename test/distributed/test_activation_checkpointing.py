@@ -15,8 +15,8 @@ import yaml
 from toolkit.utils.checkpoint import load_checkpoint
 
 from .launch import run_ranks
-from .recipe_data import (REPO, TIMEOUT_S, assert_bit_identical, assert_same_epoch_1, run_standalone, train_args,
-                          uninterrupted_and_resumed, write_data)
+from .recipe_data import (REPO, TIMEOUT_S, assert_bit_identical, assert_same_epoch_1, finished_job, uninterrupted,
+                          uninterrupted_and_resumed)
 
 CHECKPOINTING = ("--override_config", "train_conf.activation_checkpointing true")
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_engine.py")
@@ -25,12 +25,6 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_engine
 def _deepspeed(stage: int) -> list[str]:
     conf = os.path.join(REPO, "examples", "english", "s0", "conf", f"ds_stage{stage}.json")
     return ["--train_engine", "deepspeed", "--deepspeed_config", conf]
-
-
-def _train(data_dir, model_dir, engine_args, *overrides: str):
-    proc = run_standalone(train_args(data_dir, model_dir, *overrides) + list(engine_args), TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
 
 
 def _assert_same_epochs(a, b, epochs: int) -> None:
@@ -42,9 +36,8 @@ def _assert_same_epochs(a, b, epochs: int) -> None:
 @pytest.mark.parametrize("engine_args", [[], _deepspeed(2)], ids=["torch_ddp", "deepspeed_zero2"])
 def test_checkpointed_job_and_its_resume_match_the_job_without_it(tmp_path, engine_args):
     on, resumed = uninterrupted_and_resumed(tmp_path, *engine_args, *CHECKPOINTING)
-    off = tmp_path / "off"
-    proc = _train(tmp_path, off, engine_args, "train_conf.max_epoch 2", "train_conf.save_interval_steps 4")
-    assert "activation_checkpointing=False" in proc.stderr  # the printed model says what it trains with
+    off, stderr = uninterrupted(*engine_args)
+    assert "activation_checkpointing=False" in stderr  # the printed model says what it trains with
     assert yaml.safe_load(open(on / "train.yaml"))["train_conf"]["activation_checkpointing"] is True
     _assert_same_epochs(off, on, 2)
     assert_same_epoch_1(off, resumed)
@@ -56,12 +49,10 @@ def test_checkpointed_job_and_its_resume_match_the_job_without_it(tmp_path, engi
 def test_one_epoch_is_the_same_with_and_without_checkpointing(tmp_path, stage, overrides):
     """ZeRO 1 and 3 (3: each layer's parameters are gathered again for its recomputation), DeepSpeed's bf16
     weights, and DDP with ``find_unused_parameters`` (CTC only: the decoder gets no gradient)."""
-    engine_args = [] if stage is None else _deepspeed(stage)
-    write_data(tmp_path, num_train=16)
-    off, on = tmp_path / "off", tmp_path / "on"
-    _train(tmp_path, off, engine_args, "train_conf.max_epoch 1", *overrides)
-    proc = _train(tmp_path, on, engine_args, "train_conf.max_epoch 1", *overrides, CHECKPOINTING[1])
-    assert "activation_checkpointing=True" in proc.stderr
+    engine_args = () if stage is None else tuple(_deepspeed(stage))
+    off, _ = finished_job(("train_conf.max_epoch 1", *overrides), engine_args, num_train=16)
+    on, stderr = finished_job(("train_conf.max_epoch 1", *overrides, CHECKPOINTING[1]), engine_args, num_train=16)
+    assert "activation_checkpointing=True" in stderr
     _assert_same_epochs(off, on, 1)
 
 

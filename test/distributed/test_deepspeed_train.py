@@ -8,42 +8,33 @@ import os
 import subprocess
 import sys
 
-import pytest
 import yaml
 
-from .recipe_data import ENV, REPO, TIMEOUT_S, run_standalone, train_args, write_data
+from .recipe_data import ENV, REPO, TIMEOUT_S, finished_job, session_data, train_args
 
 DS_STAGE2 = os.path.join(REPO, "examples", "english", "s0", "conf", "ds_stage2.json")
 DEEPSPEED = ["--train_engine", "deepspeed", "--deepspeed_config", DS_STAGE2]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    data = tmp_path_factory.mktemp("data")
-    write_data(data, num_train=16)
-    return data
-
-
-def test_zero2_bf16_on_cpu_trains_and_another_world_size_is_refused_in_one_line(data_dir, tmp_path):
-    exp = tmp_path / "bf16"
-    proc = run_standalone(train_args(data_dir, exp, "train_conf.max_epoch 1", "train_conf.dtype bf16") + DEEPSPEED,
-                          timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def test_zero2_bf16_on_cpu_trains_and_another_world_size_is_refused_in_one_line(tmp_path):
+    # the job test_activation_checkpointing.py compares against too
+    exp, _ = finished_job(("train_conf.max_epoch 1", "train_conf.dtype bf16"), tuple(DEEPSPEED), num_train=16)
     info = yaml.safe_load(open(exp / "epoch_0.yaml"))
     # 18 lines make 3 batches of the epoch (8, 8 and the last 2 lines): rank 0's second is dropped at the join.
     assert (info["train_utts"], info["dropped_utts"], info["skipped"]) == (14, 2, {"missing_audio": 2})
     assert math.isfinite(info["train_loss"]) and math.isfinite(info["cv_loss"])
     # The same checkpoint, one process instead of two: ZeRO's optimizer state is split by rank.
-    plain = [sys.executable] + train_args(data_dir, exp, "train_conf.max_epoch 2", "train_conf.dtype bf16")
+    plain = [sys.executable] + train_args(session_data(16), tmp_path / "one", "train_conf.max_epoch 2",
+                                          "train_conf.dtype bf16")
     proc = subprocess.run(plain + DEEPSPEED + ["--checkpoint", str(exp / "epoch_0.pt")], capture_output=True,
                           text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO)
     assert proc.returncode == 2
     assert "written by 2 ranks and resumes on that many only" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_plain_python_without_torchrun_trains_with_deepspeed(data_dir, tmp_path):
+def test_plain_python_without_torchrun_trains_with_deepspeed(tmp_path):
     exp = tmp_path / "plain"
-    cmd = [sys.executable] + train_args(data_dir, exp, "train_conf.max_epoch 1") + DEEPSPEED
+    cmd = [sys.executable] + train_args(session_data(16), exp, "train_conf.max_epoch 1") + DEEPSPEED
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert yaml.safe_load(open(exp / "epoch_0.yaml"))["train_utts"] == 16

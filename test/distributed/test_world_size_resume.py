@@ -24,29 +24,20 @@ from toolkit.text.tokenizer import write_symbol_table
 from toolkit.utils.checkpoint import load_checkpoint
 
 from .launch import run_ranks
-from .recipe_data import CORPUS, ENV, REPO, TIMEOUT_S, copy_checkpoint, run_standalone, train_args, write_data
+from .recipe_data import (CORPUS, ENV, REPO, TIMEOUT_S, copy_checkpoint, run_standalone, session_data, train_args,
+                          uninterrupted, write_data)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_resume_keys.py")
 
 
-@pytest.fixture(scope="module")
-def two_rank_epoch_0(tmp_path_factory):
-    root = tmp_path_factory.mktemp("world_size")
-    write_data(root)
-    proc = run_standalone(train_args(root, root / "two", "train_conf.max_epoch 1",
-                                     "train_conf.save_interval_steps 3"), TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return root
-
-
 @pytest.mark.parametrize("nproc", [1, 3])
-def test_an_epoch_checkpoint_resumes_on_another_world_size(two_rank_epoch_0, nproc):
-    root = two_rank_epoch_0
-    before = yaml.safe_load(open(root / "two" / "epoch_0.yaml"))
-    out = root / f"on{nproc}"
-    path = copy_checkpoint(root / "two", out, "epoch_0")
-    proc = run_standalone(train_args(root, out, "train_conf.max_epoch 2") + ["--checkpoint", path], TIMEOUT_S,
-                          nproc=nproc)
+def test_an_epoch_checkpoint_resumes_on_another_world_size(tmp_path, nproc):
+    two, _ = uninterrupted()  # 2 ranks
+    before = yaml.safe_load(open(two / "epoch_0.yaml"))
+    out = tmp_path / f"on{nproc}"
+    path = copy_checkpoint(two, out, "epoch_0")
+    proc = run_standalone(train_args(session_data(), out, "train_conf.max_epoch 2") + ["--checkpoint", path],
+                          TIMEOUT_S, nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"was saved by 2 ranks, this job has {nproc}; not restored" in proc.stderr
     after = yaml.safe_load(open(out / "epoch_1.yaml"))
@@ -57,16 +48,16 @@ def test_an_epoch_checkpoint_resumes_on_another_world_size(two_rank_epoch_0, npr
     assert state["scheduler"]["last_epoch"] == after["step"]  # the schedule went on from the checkpoint's step
 
 
-def test_a_step_checkpoint_of_a_raw_list_resumes_on_another_world_size(two_rank_epoch_0):
-    root = two_rank_epoch_0
-    assert yaml.safe_load(open(root / "two" / "step_3.yaml"))["batches_in_epoch"] == 3  # of epoch 0's 5
-    out = root / "step_on1"
-    path = copy_checkpoint(root / "two", out, "step_3")
-    proc = run_standalone(train_args(root, out, "train_conf.max_epoch 1") + ["--checkpoint", path], TIMEOUT_S,
-                          nproc=1)
+def test_a_step_checkpoint_of_a_raw_list_resumes_on_another_world_size(tmp_path):
+    two, _ = uninterrupted()
+    assert yaml.safe_load(open(two / "step_4.yaml"))["batches_in_epoch"] == 4  # of epoch 0's 5
+    out = tmp_path / "step_on1"
+    path = copy_checkpoint(two, out, "step_4")
+    proc = run_standalone(train_args(session_data(), out, "train_conf.max_epoch 1") + ["--checkpoint", path],
+                          TIMEOUT_S, nproc=1)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "resumed from" in proc.stderr and "epoch 0 after 3 of its batches, step 3" in proc.stderr
-    after, before = (yaml.safe_load(open(d / "epoch_0.yaml")) for d in (out, root / "two"))
+    assert "resumed from" in proc.stderr and "epoch 0 after 4 of its batches, step 4" in proc.stderr
+    after, before = (yaml.safe_load(open(d / "epoch_0.yaml")) for d in (out, two))
     # The old ranks' partial statistics are in the epoch's: every utterance of the list is accounted for once.
     assert after["train_utts"] + after["dropped_utts"] + sum(after["skipped"].values()) == 82
     assert after["skipped"]["missing_audio"] == 2 and after["train_utts"] >= before["train_utts"]

@@ -76,22 +76,10 @@ for opt in lm_weight word_bonus oov_penalty; do
 done
 [[ $lm_weight != -* ]] || die "--lm_weight must be >= 0, got '$lm_weight'"
 [[ $oov_penalty == -* || ! $oov_penalty =~ [1-9] ]] || die "--oov_penalty must be <= 0, got '$oov_penalty'"
-# The decoding modes are checked now, by the model's own list, not after hours of training; lm_used: whether one
-# of them decodes with the LM.
-lm_used=$(python -c 'import sys; from toolkit.models.transformer.asr_model import DECODING_METHODS as known, LM_METHODS
-bad = [m for m in sys.argv[1:] if m not in known]
-if bad or not sys.argv[1:]:
-    sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(known)}")
-print(int(any(m in LM_METHODS for m in sys.argv[1:])))' $decode_modes) || exit 1
 [ -n "${corpora// }" ] || die "--corpora is empty"
 case $data_type in raw|shard) ;; *) die "--data_type must be raw or shard, got '$data_type'";; esac
 case $decode_sets in test|dev) ;; *) die "--decode_sets must be test or dev, got '$decode_sets'";; esac
 [ -f "$train_config" ] || die "--train_config $train_config does not exist"
-if [ -z "$nproc_per_node" ]; then
-  nproc_per_node=$(python -c "import torch; print(torch.cuda.device_count())")
-  [ "$nproc_per_node" -gt 0 ] || nproc_per_node=2
-fi
-decode_nproc_per_node=${decode_nproc_per_node:-$nproc_per_node}
 [[ $max_restarts =~ ^[0-9]+$ && $rdzv_timeout_s =~ ^[1-9][0-9]*$ ]] ||
   die "--max_restarts must be a non-negative integer and --rdzv_timeout_s a positive one"
 if [ "$max_restarts" -gt 0 ]; then  # a restarted job resumes where the dead one committed its last checkpoint
@@ -103,9 +91,6 @@ if [ "$max_restarts" -gt 0 ]; then  # a restarted job resumes where the dead one
   # refused"; pytorch/pytorch#135712). A store per attempt avoids it.
   export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 fi
-for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
-  [[ $n =~ ^[1-9][0-9]*$ ]] || die "--nproc_per_node, --decode_nproc_per_node and --num_nodes must be positive integers, got '$n'"
-done
 dict=$data/dict/units.txt
 bpemodel=$data/dict/bpe
 lm=$data/lm/lm_${lm_order}gram.arpa
@@ -126,25 +111,43 @@ else
 fi
 IFS=';' read -ra extra <<< "$overrides"
 for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_config "$o"); done
-if (( stage <= 4 && stop_stage >= 4 )); then
-  # The config and overrides are read now, and the optimizer and LR schedule built on a stand-in parameter (a typo
-  # is one line before any work, not one per rank and torchrun's traceback; max_steps: any count where the trainer
-  # will count one), and the averaging is checked against the epochs this run will train, not after them.
-  override_values=()
-  for ((i = 1; i < ${#train_overrides[@]}; i += 2)); do override_values+=("${train_overrides[$i]}"); done
-  max_epoch=$(python -c 'import sys; import torch
-from toolkit.config import read_config; from toolkit.dataset.pipeline import plans_batches
-from toolkit.utils.config import ConfigError; from toolkit.utils.scheduler import init_optimizer_and_scheduler
-try:
-    c = read_config(sys.argv[1], sys.argv[2:])
-    init_optimizer_and_scheduler([torch.nn.Parameter(torch.zeros(1))], c.optim, c.optim_conf, c.scheduler,
-                                 c.scheduler_conf, 1 if plans_batches(c.dataset_conf) else None)
-    print(c.train_conf.max_epoch)
-except ConfigError as e:
-    sys.exit(f"--train_config/--overrides: {e}")' "$train_config" "${override_values[@]}") || exit 1
-  (( stop_stage < 5 || average_num == 0 || max_epoch >= average_num )) ||
-    die "--average_num $average_num needs at least $average_num epochs, but train_conf.max_epoch is $max_epoch (lower --average_num, or 0 for the last epoch)"
+# Checked now with the toolkit's own code, in one Python start (each is seconds): the decoding modes by the model's
+# own list (lm_used: whether one of them decodes with the LM); with stage 4 in the range, the config and overrides
+# (the optimizer and LR schedule built on a stand-in parameter: a typo is one line before any work, not one per rank
+# and torchrun's traceback; max_steps: any count where the trainer will count one), so that the averaging is
+# checked against the epochs this run will train, not after them; and the number of GPUs.
+override_values=()
+for ((i = 1; i < ${#train_overrides[@]}; i += 2)); do override_values+=("${train_overrides[$i]}"); done
+checked=$(python -c 'import sys; import torch
+from toolkit.models.transformer.asr_model import DECODING_METHODS as known, LM_METHODS
+modes, check_config, config, overrides = sys.argv[1].split(), sys.argv[2] == "1", sys.argv[3], sys.argv[4:]
+bad = [m for m in modes if m not in known]
+if bad or not modes:
+    sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(known)}")
+max_epoch = 0
+if check_config:
+    from toolkit.config import read_config; from toolkit.dataset.pipeline import plans_batches
+    from toolkit.utils.config import ConfigError; from toolkit.utils.scheduler import init_optimizer_and_scheduler
+    try:
+        c = read_config(config, overrides)
+        init_optimizer_and_scheduler([torch.nn.Parameter(torch.zeros(1))], c.optim, c.optim_conf, c.scheduler,
+                                     c.scheduler_conf, 1 if plans_batches(c.dataset_conf) else None)
+    except ConfigError as e:
+        sys.exit(f"--train_config/--overrides: {e}")
+    max_epoch = c.train_conf.max_epoch
+print(int(any(m in LM_METHODS for m in modes)), max_epoch, torch.cuda.device_count())' \
+  "$decode_modes" "$(( stage <= 4 && stop_stage >= 4 ))" "$train_config" "${override_values[@]}") || exit 1
+read -r lm_used max_epoch gpus <<< "$checked"
+(( stage > 4 || stop_stage < 5 || average_num == 0 || max_epoch >= average_num )) ||
+  die "--average_num $average_num needs at least $average_num epochs, but train_conf.max_epoch is $max_epoch (lower --average_num, or 0 for the last epoch)"
+if [ -z "$nproc_per_node" ]; then
+  nproc_per_node=$gpus
+  [ "$nproc_per_node" -gt 0 ] || nproc_per_node=2
 fi
+decode_nproc_per_node=${decode_nproc_per_node:-$nproc_per_node}
+for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || die "--nproc_per_node, --decode_nproc_per_node and --num_nodes must be positive integers, got '$n'"
+done
 
 if (( stage <= 4 && stop_stage >= 4 )); then  # what training reads from the stages before --stage, checked now
   needed=()

@@ -2,7 +2,6 @@
 committed per epoch, resume continues at the next epoch, and a bad config key stops with the valid keys."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -14,38 +13,20 @@ from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-CORPUS = os.path.join(REPO, "corpora", "tiny_fsdd")
-CONF = os.path.join(REPO, "examples", "english", "s0", "conf", "train_tiny.yaml")
-ENV = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+from ...distributed.recipe_data import CONF, ENV, kaldi_entries, write_data as write_lists
 
 
-def write_data(tmp_path):
-    """data.list of tiny_fsdd train + 4 bad utterances, a dict and CMVN stats, made with the recipe's tools."""
-    def kaldi(split):
-        d = os.path.join(CORPUS, "data", split)
-        wavs = dict(line.split() for line in open(os.path.join(d, "wav.scp")))
-        texts = dict(line.strip().split(maxsplit=1) for line in open(os.path.join(d, "text")))
-        return [{"key": k, "wav": os.path.join(CORPUS, wavs[k]), "txt": texts[k]} for k in sorted(wavs)]
-
+def write_data(tmp_path) -> int:
+    """The distributed tests' tiny_fsdd lists with 4 bad utterances (missing audio, a corrupt WAV, an empty text, a
+    char outside the dictionary) instead of theirs; returns the number of good ones."""
     corrupt = tmp_path / "corrupt.wav"
     corrupt.write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunk" * 10)
-    good = kaldi("train")
-    bad = [{"key": "bad-missing", "wav": str(tmp_path / "nope.wav"), "txt": "ONE"},
+    good = kaldi_entries("train")
+    bad = ({"key": "bad-missing", "wav": str(tmp_path / "nope.wav"), "txt": "ONE"},
            {"key": "bad-corrupt", "wav": str(corrupt), "txt": "TWO"},
            {"key": "bad-empty-text", "wav": good[0]["wav"], "txt": ""},
-           {"key": "bad-unknown-char", "wav": good[1]["wav"], "txt": "ZERO 7"}]
-    for name, rows in (("train.list", good + bad), ("cv.list", kaldi("dev"))):
-        with open(tmp_path / name, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    text = tmp_path / "text"
-    text.write_text("".join(f"{r['key']} {r['txt']}\n" for r in good))
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "make_dict.py"), str(text), str(tmp_path / "units.txt")],
-                   check=True, env=ENV, capture_output=True)
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "compute_cmvn_stats.py"), "--train_config", CONF,
-                    "--in_data_list", str(tmp_path / "cv.list"), "--out_cmvn", str(tmp_path / "cmvn")],
-                   check=True, env=ENV, capture_output=True)
-    return len(good)
+           {"key": "bad-unknown-char", "wav": good[1]["wav"], "txt": "ZERO 7"})
+    return write_lists(tmp_path, len(good), bad)
 
 
 def train(tmp_path, *extra):
