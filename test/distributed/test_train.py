@@ -13,7 +13,7 @@ from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
-from ...distributed.recipe_data import CONF, ENV, kaldi_entries, write_data as write_lists
+from .recipe_data import CONF, ENV, kaldi_entries, write_data as write_lists
 
 
 def write_data(tmp_path) -> int:
