@@ -79,6 +79,13 @@ def train_args(data_dir, model_dir, *overrides: str) -> list[str]:
     return args
 
 
+def deepspeed_args(stage: int) -> tuple[str, ...]:
+    """``toolkit.bin.train``'s arguments for DeepSpeed with the recipe's ZeRO-``stage`` JSON (one spelling, so that
+    :func:`finished_job` sees the same job where two tests ask for it)."""
+    conf = os.path.join(REPO, "examples", "english", "s0", "conf", f"ds_stage{stage}.json")
+    return ("--train_engine", "deepspeed", "--deepspeed_config", conf)
+
+
 def run_standalone(args: list[str], timeout: float, nproc: int = 2) -> subprocess.CompletedProcess:
     """One torchrun job of ``nproc`` gloo ranks on this machine."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]

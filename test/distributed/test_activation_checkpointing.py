@@ -15,16 +15,11 @@ import yaml
 from toolkit.utils.checkpoint import load_checkpoint
 
 from .launch import run_ranks
-from .recipe_data import (REPO, TIMEOUT_S, assert_bit_identical, assert_same_epoch_1, finished_job, uninterrupted,
-                          uninterrupted_and_resumed)
+from .recipe_data import (TIMEOUT_S, assert_bit_identical, assert_same_epoch_1, deepspeed_args, finished_job,
+                          uninterrupted, uninterrupted_and_resumed)
 
 CHECKPOINTING = ("--override_config", "train_conf.activation_checkpointing true")
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_engine.py")
-
-
-def _deepspeed(stage: int) -> list[str]:
-    conf = os.path.join(REPO, "examples", "english", "s0", "conf", f"ds_stage{stage}.json")
-    return ["--train_engine", "deepspeed", "--deepspeed_config", conf]
 
 
 def _assert_same_epochs(a, b, epochs: int) -> None:
@@ -33,7 +28,7 @@ def _assert_same_epochs(a, b, epochs: int) -> None:
         assert_bit_identical(*(load_checkpoint(str(d / f"epoch_{epoch}.pt")) for d in (a, b)), f"epoch_{epoch}")
 
 
-@pytest.mark.parametrize("engine_args", [[], _deepspeed(2)], ids=["torch_ddp", "deepspeed_zero2"])
+@pytest.mark.parametrize("engine_args", [(), deepspeed_args(2)], ids=["torch_ddp", "deepspeed_zero2"])
 def test_checkpointed_job_and_its_resume_match_the_job_without_it(tmp_path, engine_args):
     on, resumed = uninterrupted_and_resumed(tmp_path, *engine_args, *CHECKPOINTING)
     off, stderr = uninterrupted(*engine_args)
@@ -49,7 +44,7 @@ def test_checkpointed_job_and_its_resume_match_the_job_without_it(tmp_path, engi
 def test_one_epoch_is_the_same_with_and_without_checkpointing(tmp_path, stage, overrides):
     """ZeRO 1 and 3 (3: each layer's parameters are gathered again for its recomputation), DeepSpeed's bf16
     weights, and DDP with ``find_unused_parameters`` (CTC only: the decoder gets no gradient)."""
-    engine_args = () if stage is None else tuple(_deepspeed(stage))
+    engine_args = () if stage is None else deepspeed_args(stage)
     off, _ = finished_job(("train_conf.max_epoch 1", *overrides), engine_args, num_train=16)
     on, stderr = finished_job(("train_conf.max_epoch 1", *overrides, CHECKPOINTING[1]), engine_args, num_train=16)
     assert "activation_checkpointing=True" in stderr

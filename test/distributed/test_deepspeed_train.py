@@ -4,21 +4,19 @@ works with DeepSpeed as with DDP, and a ZeRO checkpoint resumed on another numbe
 instead of DeepSpeed's own traceback."""
 
 import math
-import os
 import subprocess
 import sys
 
 import yaml
 
-from .recipe_data import ENV, REPO, TIMEOUT_S, finished_job, session_data, train_args
+from .recipe_data import ENV, REPO, TIMEOUT_S, deepspeed_args, finished_job, session_data, train_args
 
-DS_STAGE2 = os.path.join(REPO, "examples", "english", "s0", "conf", "ds_stage2.json")
-DEEPSPEED = ["--train_engine", "deepspeed", "--deepspeed_config", DS_STAGE2]
+DEEPSPEED = list(deepspeed_args(2))
 
 
 def test_zero2_bf16_on_cpu_trains_and_another_world_size_is_refused_in_one_line(tmp_path):
     # the job test_activation_checkpointing.py compares against too
-    exp, _ = finished_job(("train_conf.max_epoch 1", "train_conf.dtype bf16"), tuple(DEEPSPEED), num_train=16)
+    exp, _ = finished_job(("train_conf.max_epoch 1", "train_conf.dtype bf16"), deepspeed_args(2), num_train=16)
     info = yaml.safe_load(open(exp / "epoch_0.yaml"))
     # 18 lines make 3 batches of the epoch (8, 8 and the last 2 lines): rank 0's second is dropped at the join.
     assert (info["train_utts"], info["dropped_utts"], info["skipped"]) == (14, 2, {"missing_audio": 2})

@@ -8,13 +8,12 @@ import os
 import pytest
 import torch
 
-from .recipe_data import REPO, assert_bit_identical, assert_same_epoch_1, uninterrupted_and_resumed
+from .recipe_data import assert_bit_identical, assert_same_epoch_1, deepspeed_args, uninterrupted_and_resumed
 
 
 @pytest.mark.parametrize("stage", [2])
 def test_deepspeed_mid_epoch_resume_is_bit_identical(tmp_path, stage):
-    conf = os.path.join(REPO, "examples", "english", "s0", "conf", f"ds_stage{stage}.json")
-    full, resumed = uninterrupted_and_resumed(tmp_path, "--train_engine", "deepspeed", "--deepspeed_config", conf)
+    full, resumed = uninterrupted_and_resumed(tmp_path, *deepspeed_args(stage))
     assert_same_epoch_1(full, resumed)
     shards = sorted(f for f in os.listdir(full / "epoch_1") if "optim_states" in f)
     assert len(shards) == 2  # one ZeRO partition of the Adam state per rank

@@ -13,7 +13,7 @@ from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
-from .recipe_data import CONF, ENV, kaldi_entries, write_data as write_lists
+from .recipe_data import CONF, ENV, kaldi_entries, run_standalone, train_args, write_data as write_lists
 
 
 def write_data(tmp_path) -> int:
@@ -30,15 +30,8 @@ def write_data(tmp_path) -> int:
 
 
 def train(tmp_path, *extra):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "toolkit.bin.train", "--config", CONF, "--train_data", str(tmp_path / "train.list"),
-           "--cv_data", str(tmp_path / "cv.list"), "--model_dir", str(tmp_path / "exp"),
-           "--tensorboard_dir", str(tmp_path / "tb"),
-           "--override_config", f"tokenizer_conf.symbol_table_path {tmp_path / 'units.txt'}",
-           "--override_config", f"cmvn_conf.cmvn_file {tmp_path / 'cmvn'}",
-           "--override_config", "train_conf.max_epoch 2", "--override_config", "dataset_conf.batch_conf.batch_size 8",
-           *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
+    """2 ranks of :func:`train_args` on ``tmp_path``'s lists, 2 epochs, model dir ``tmp_path/exp``; ``extra`` last."""
+    return run_standalone(train_args(tmp_path, tmp_path / "exp", "train_conf.max_epoch 2") + list(extra), 300)
 
 
 def test_train_skips_bad_input_commits_epochs_and_resumes(tmp_path):
