@@ -409,8 +409,8 @@ def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None
 
 def worker_context() -> multiprocessing.context.BaseContext:
     """The multiprocessing context DataLoader workers start in: a forkserver, with the toolkit's modules imported so
-    far (and so torch) imported once in the server, so a worker starts in milliseconds and receives the dataset
-    pickled. A worker runs the main module's top level again, as with ``spawn``: a script that builds loaders does
+    far (and so torch) and the feature libraries (``processor.WORKER_IMPORTS``) imported once in the server, so a
+    worker starts in milliseconds and receives the dataset pickled. A worker runs the main module's top level again, as with ``spawn``: a script that builds loaders does
     so under ``if __name__ == "__main__"``.
 
     NOTE: not ``fork``. A training process holds threads (gloo's, tensorboard's writer) and a fork while one of
@@ -423,7 +423,8 @@ def worker_context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     # NOTE: not the main module itself: a worker runs it again by name, and runpy warns about one already imported
     context.set_forkserver_preload(sorted(name for name in sys.modules
-                                          if name.split(".")[0] == "toolkit" and name != main_name))
+                                          if name.split(".")[0] == "toolkit" and name != main_name)
+                                   + list(processor.WORKER_IMPORTS))
     # started now, so that its imports overlap with what the caller does before it iterates a loader (the model)
     multiprocessing.forkserver.ensure_running()
     return context

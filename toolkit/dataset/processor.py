@@ -21,17 +21,24 @@ import os
 import random
 import warnings
 from collections import Counter
-from typing import Callable, Dict, Iterable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 import soundfile as sf
 import torch
-from lhotse.features.kaldi.extractors import Fbank, FbankConfig
-from scipy.signal import firwin, resample_poly
 from torch.nn.utils.rnn import pad_sequence
 
 from toolkit.text.tokenizer import WORD_BOUNDARY
 from toolkit.utils.common import IGNORE_ID, UNK_ID
+
+if TYPE_CHECKING:
+    from lhotse.features.kaldi.extractors import Fbank
+
+# NOTE: the resampling and feature libraries are imported where first used, not above: scipy.signal and lhotse were
+# 3.8 s of the trainer's 8.5 s of imports on a slow 2-core machine, paid by every rank's main process, every
+# decoding rank and run.sh's config check, none of which computes a feature. The loader's forkserver imports them
+# once, before it forks a worker (:func:`toolkit.dataset.pipeline.worker_context`).
+WORKER_IMPORTS = ("lhotse.features.kaldi.extractors", "scipy.signal")
 
 logger = logging.getLogger(__name__)
 
@@ -143,11 +150,13 @@ def read_audio(sample: dict) -> dict:
 def _lowpass(up: int, down: int) -> np.ndarray:
     # The filter resample_poly designs by default (Kaiser window, beta 5), kept: designing it took 40% of
     # the time of a speed perturbation.
+    from scipy.signal import firwin
     max_rate = max(up, down)
     return firwin(2 * 10 * max_rate + 1, 1.0 / max_rate, window=("kaiser", 5.0)).astype(np.float32)
 
 
 def _resample_poly(waveform: np.ndarray, up: int, down: int) -> np.ndarray:
+    from scipy.signal import resample_poly
     g = math.gcd(up, down)
     up, down = up // g, down // g
     return resample_poly(waveform, up, down, window=_lowpass(up, down)).astype(np.float32)
@@ -245,7 +254,8 @@ def filter_sample(sample: dict, frame_shift: float, max_length: float, min_lengt
 
 
 @functools.lru_cache(maxsize=8)
-def _fbank_extractor(sample_rate: int, num_mel_bins: int, frame_length: float, frame_shift: float) -> Fbank:
+def _fbank_extractor(sample_rate: int, num_mel_bins: int, frame_length: float, frame_shift: float) -> "Fbank":
+    from lhotse.features.kaldi.extractors import Fbank, FbankConfig
     with warnings.catch_warnings():
         # NOTE: Lhotse warns that snip_edges=True breaks its own duration bookkeeping, which is not used here:
         # lengths come from the frame counts this function returns.
