@@ -13,10 +13,14 @@ from .dependency_guard import GUARD_MESSAGE, REPO
 
 TEST_DIR = os.path.dirname(os.path.abspath(__file__))
 GUARDED = "import sys; sys.path.insert(0, {test_dir!r}); import dependency_guard; dependency_guard.install(); "
+# and the libraries a module imports where first used (the loader's forkserver imports them up front)
 IMPORT_ALL = ("import importlib, pkgutil, toolkit\n"
               "for m in pkgutil.walk_packages(toolkit.__path__, 'toolkit.'):\n"
               "    importlib.import_module(m.name)\n"
-              "    print(m.name)\n")
+              "    print(m.name)\n"
+              "from toolkit.dataset.processor import WORKER_IMPORTS\n"
+              "for name in WORKER_IMPORTS:\n"
+              "    importlib.import_module(name)\n")
 TOOLS = sorted(glob.glob(os.path.join(REPO, "tools", "*.py")) + glob.glob(os.path.join(REPO, "benchmarks", "*.py")))
 CLIS = ["toolkit.bin.train", "toolkit.bin.recognize", "toolkit.bin.average_model"]
 
