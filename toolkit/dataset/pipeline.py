@@ -410,8 +410,8 @@ def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None
 def worker_context() -> multiprocessing.context.BaseContext:
     """The multiprocessing context DataLoader workers start in: a forkserver, with the toolkit's modules imported so
     far (and so torch) and the feature libraries (``processor.WORKER_IMPORTS``) imported once in the server, so a
-    worker starts in milliseconds and receives the dataset pickled. A worker runs the main module's top level again, as with ``spawn``: a script that builds loaders does
-    so under ``if __name__ == "__main__"``.
+    worker starts in milliseconds and receives the dataset pickled. A worker runs the main module's top level
+    again, as with ``spawn``: a script that builds loaders does so under ``if __name__ == "__main__"``.
 
     NOTE: not ``fork``. A training process holds threads (gloo's, tensorboard's writer) and a fork while one of
     them held CPython's thread-state lock leaves the child hung inside ``os.fork()`` for good (CPython gh-112275,
