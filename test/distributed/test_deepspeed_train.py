@@ -11,12 +11,12 @@ import yaml
 
 from .recipe_data import ENV, REPO, TIMEOUT_S, deepspeed_args, finished_job, session_data, train_args
 
-DEEPSPEED = list(deepspeed_args(2))
+DEEPSPEED = deepspeed_args(2)
 
 
 def test_zero2_bf16_on_cpu_trains_and_another_world_size_is_refused_in_one_line(tmp_path):
     # the job test_activation_checkpointing.py compares against too
-    exp, _ = finished_job(("train_conf.max_epoch 1", "train_conf.dtype bf16"), deepspeed_args(2), num_train=16)
+    exp, _ = finished_job(("train_conf.max_epoch 1", "train_conf.dtype bf16"), DEEPSPEED, num_train=16)
     info = yaml.safe_load(open(exp / "epoch_0.yaml"))
     # 18 lines make 3 batches of the epoch (8, 8 and the last 2 lines): rank 0's second is dropped at the join.
     assert (info["train_utts"], info["dropped_utts"], info["skipped"]) == (14, 2, {"missing_audio": 2})
@@ -24,7 +24,7 @@ def test_zero2_bf16_on_cpu_trains_and_another_world_size_is_refused_in_one_line(
     # The same checkpoint, one process instead of two: ZeRO's optimizer state is split by rank.
     plain = [sys.executable] + train_args(session_data(16), tmp_path / "one", "train_conf.max_epoch 2",
                                           "train_conf.dtype bf16")
-    proc = subprocess.run(plain + DEEPSPEED + ["--checkpoint", str(exp / "epoch_0.pt")], capture_output=True,
+    proc = subprocess.run(plain + [*DEEPSPEED, "--checkpoint", str(exp / "epoch_0.pt")], capture_output=True,
                           text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO)
     assert proc.returncode == 2
     assert "written by 2 ranks and resumes on that many only" in proc.stderr and "Traceback" not in proc.stderr
@@ -32,7 +32,7 @@ def test_zero2_bf16_on_cpu_trains_and_another_world_size_is_refused_in_one_line(
 
 def test_plain_python_without_torchrun_trains_with_deepspeed(tmp_path):
     exp = tmp_path / "plain"
-    cmd = [sys.executable] + train_args(session_data(16), exp, "train_conf.max_epoch 1") + DEEPSPEED
+    cmd = [sys.executable] + train_args(session_data(16), exp, "train_conf.max_epoch 1") + list(DEEPSPEED)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert yaml.safe_load(open(exp / "epoch_0.yaml"))["train_utts"] == 16
