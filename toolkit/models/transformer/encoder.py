@@ -3,7 +3,7 @@
 Transformer: Vaswani et al., 2017 (arXiv:1706.03762), with the speech front end of
 Dong et al., 2018 (Speech-Transformer). Conformer: Gulati et al., 2020 (arXiv:2005.08100).
 """
-from typing import Optional
+from typing import Optional, TypeVar
 
 import torch
 from torch import nn
@@ -16,16 +16,18 @@ from toolkit.models.transformer.embedding import PositionalEncoding, RelPosition
 from toolkit.models.transformer.encoder_layer import (ConformerEncoderLayer,
                                                       TransformerEncoderLayer)
 from toolkit.models.transformer.positionwise_feed_forward import PositionwiseFeedForward
-from toolkit.models.transformer.subsampling import Conv2dSubsampling4
+from toolkit.models.transformer.subsampling import Conv2dSubsampling
 from toolkit.utils.mask import make_pad_mask
 
 ACTIVATIONS = {"relu": nn.ReLU, "swish": nn.SiLU, "gelu": nn.GELU}
 POS_ENCODINGS = {"abs_pos": PositionalEncoding, "rel_pos": RelPositionalEncoding}
 SELF_ATTENTIONS = {"selfattn": MultiHeadedAttention,
                    "rel_selfattn": RelPositionMultiHeadedAttention}
+SUBSAMPLING_RATES = {"conv2d": 4, "conv2d8": 8}  # input_layer -> frame-rate reduction
+T = TypeVar("T")
 
 
-def _choose(kind: str, name: str, table: dict) -> type:
+def _choose(kind: str, name: str, table: dict[str, T]) -> T:
     """Look ``name`` up in ``table``; ValueError listing the valid names otherwise."""
     if name not in table:
         raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(table)}")
@@ -33,7 +35,7 @@ def _choose(kind: str, name: str, table: dict) -> type:
 
 
 class BaseEncoder(nn.Module):
-    """Optional global CMVN, Conv2dSubsampling4, a stack of encoder layers, final LayerNorm.
+    """Optional global CMVN, Conv2dSubsampling, a stack of encoder layers, final LayerNorm.
 
     Subclasses fill ``self.encoders`` (an nn.ModuleList of layers with the signature
     ``layer(x, mask, pos_emb, mask_pad)``).
@@ -42,7 +44,9 @@ class BaseEncoder(nn.Module):
         input_size: feature size D of the fbank input.
         output_size: model size.
         dropout_rate, positional_dropout_rate: dropout in the layers / after positional encoding.
-        input_layer: front end; only ``"conv2d"`` (4x subsampling) exists.
+        input_layer: front end, ``"conv2d"`` (4x subsampling: 40 ms encoder frames) or ``"conv2d8"`` (8x: 80 ms,
+            half the encoder's work per second of audio; for units of several characters, e.g. BPE, as
+            CTC needs an encoder frame per unit and a character lasts about 70 ms in read English).
         subsampling_channels: conv channels of the front end; 0 means ``output_size``.
         pos_enc_layer_type: ``"abs_pos"`` or ``"rel_pos"``.
         normalize_before: pre-norm layers (then a final LayerNorm is applied).
@@ -56,12 +60,12 @@ class BaseEncoder(nn.Module):
                  positional_dropout_rate: float, input_layer: str, pos_enc_layer_type: str,
                  normalize_before: bool, global_cmvn: Optional[nn.Module], subsampling_channels: int = 0):
         super().__init__()
-        _choose("input_layer", input_layer, {"conv2d": Conv2dSubsampling4})
+        rate = _choose("input_layer", input_layer, SUBSAMPLING_RATES)
         pos_enc = _choose("pos_enc_layer_type", pos_enc_layer_type, POS_ENCODINGS)
         self._output_size = output_size
         self.global_cmvn = global_cmvn
-        self.embed = Conv2dSubsampling4(input_size, output_size,
-                                        pos_enc(output_size, positional_dropout_rate), subsampling_channels)
+        self.embed = Conv2dSubsampling(input_size, output_size, pos_enc(output_size, positional_dropout_rate),
+                                       subsampling_channels, rate)
         self.normalize_before = normalize_before
         # Post-norm layers already end in a LayerNorm.
         self.after_norm = nn.LayerNorm(output_size, eps=1e-12) if normalize_before else None
@@ -77,7 +81,7 @@ class BaseEncoder(nn.Module):
 
     def output_lengths(self, xs_lens: torch.Tensor) -> torch.Tensor:
         """int64 (B,) fbank frames -> int64 (B,) valid encoder frames (0 for a clip shorter than
-        the front end's receptive field of 7 frames)."""
+        the front end's receptive field: 7 frames for conv2d, 15 for conv2d8)."""
         return self.embed.output_lengths(xs_lens)
 
     def forward(self, xs: torch.Tensor, xs_lens: torch.Tensor
@@ -89,10 +93,10 @@ class BaseEncoder(nn.Module):
             xs_lens: int64 (B,) valid frames per utterance.
 
         Returns:
-            encoder_out: float32 (B, T', output_size), T' = ((max(T, 7) - 1) // 2 - 1) // 2
-                (40 ms frames); values at padded frames are unspecified.
+            encoder_out: float32 (B, T', output_size), T' = :meth:`output_lengths` of max(T, receptive
+                field) (40 ms frames for conv2d, 80 ms for conv2d8); values at padded frames are unspecified.
             masks: bool (B, 1, T'), True at valid frames; per utterance
-                :meth:`output_lengths` of them (0 for fewer than 7 input frames).
+                :meth:`output_lengths` of them (0 below the receptive field).
 
         Raises:
             RuntimeError: D differs from ``input_size``.

@@ -1,8 +1,8 @@
-"""Convolutional front end that reduces the frame rate by 4 (10 ms -> 40 ms)."""
+"""Convolutional front ends that reduce the frame rate by 4 (10 ms -> 40 ms) or 8 (-> 80 ms)."""
 import torch
 from torch import nn
 
-RECEPTIVE_FIELD = 7  # input frames behind one output frame of two 3x3 stride-2 convolutions
+NUM_LAYERS = {4: 2, 8: 3}  # subsampling rate -> 3x3 stride-2 convolutions
 
 
 class _Stride2Conv2d(torch.autograd.Function):
@@ -51,17 +51,10 @@ class _Stride2Conv2d(torch.autograd.Function):
         return grad_x, grad_w.permute(0, 3, 1, 2), grad.sum((0, 2, 3))
 
 
-class Conv2dReLU2(nn.Module):
-    """Two 3x3 stride-2 convolutions without padding, each followed by ReLU:
-    (B, T, D) -> (B, C, ((T - 1) // 2 - 1) // 2, ((D - 1) // 2 - 1) // 2), in channels-last memory.
-
-    The parameters are initialised as ``nn.Conv2d``'s and kept in its layout ((C_out, C_in, 3, 3),
-    contiguous), so DDP's buckets, DeepSpeed's flattening and checkpoints see ordinary tensors;
-    channels-last copies are made in the graph. The first convolution (one input channel) is a
-    product of 3x3 patches with the (C, 9) weight, whose output is channels-last as it is; the
-    second runs as oneDNN/cuDNN channels-last convolution, with the weight gradient of
-    :class:`_Stride2Conv2d` on CPU. ReLUs are in place: no convolution needs its output for the
-    backward pass, so the largest activation of the model, (B, C, T/2, D/2), is stored once.
+class PatchConvReLU(nn.Module):
+    """The first 3x3 stride-2 convolution (one input channel, no padding) + ReLU as a product of 3x3 patches with
+    the (C, 9) weight: (B, T, D) -> (B, C, (T - 1) // 2, (D - 1) // 2), channels-last as it comes out of the
+    product. Parameters are ``nn.Conv2d(1, C, 3, 2)``'s, in its layout and initialisation.
 
     Args:
         channels: C.
@@ -69,44 +62,64 @@ class Conv2dReLU2(nn.Module):
 
     def __init__(self, channels: int):
         super().__init__()
-        conv1, conv2 = nn.Conv2d(1, channels, 3, 2), nn.Conv2d(channels, channels, 3, 2)
-        self.weight1, self.bias1 = conv1.weight, conv1.bias
-        self.weight2, self.bias2 = conv2.weight, conv2.bias
+        conv = nn.Conv2d(1, channels, 3, 2)
+        self.weight, self.bias = conv.weight, conv.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: float32 (B, T, D), T >= 7 -> float32 (B, C, T'', D'') channels-last (see the class)."""
+        """x: float32 (B, T, D), T >= 3, D >= 3 -> float32 (B, C, T', D') channels-last."""
         patches = x.unfold(1, 3, 2).unfold(2, 3, 2)  # (B, T', D', 3, 3)
         batch, time, freq = patches.size(0), patches.size(1), patches.size(2)
-        weight1 = self.weight1.view(self.weight1.size(0), 9)
+        weight = self.weight.view(self.weight.size(0), 9)
         # NOTE: ReLU in place on the matrix product itself, not on a view of it (autograd would
         # then rebuild the base tensor in the backward pass: three more copies of it).
-        x = torch.relu_(torch.addmm(self.bias1, patches.reshape(-1, 9), weight1.t()))  # (N, C)
-        x = x.view(batch, time, freq, -1).permute(0, 3, 1, 2)  # (B, C, T', D') channels-last
-        weight2 = self.weight2.contiguous(memory_format=torch.channels_last)
+        x = torch.relu_(torch.addmm(self.bias, patches.reshape(-1, 9), weight.t()))  # (N, C)
+        return x.view(batch, time, freq, -1).permute(0, 3, 1, 2)
+
+
+class Stride2ConvReLU(nn.Module):
+    """A C -> C 3x3 stride-2 convolution without padding + ReLU on channels-last input: (B, C, T, D) ->
+    (B, C, (T - 1) // 2, (D - 1) // 2), channels-last. It runs as oneDNN/cuDNN channels-last convolution, with the
+    weight gradient of :class:`_Stride2Conv2d` on CPU. Parameters are ``nn.Conv2d(C, C, 3, 2)``'s, in its layout
+    ((C_out, C_in, 3, 3), contiguous), so DDP's buckets, DeepSpeed's flattening and checkpoints see ordinary
+    tensors; the channels-last copy of the weight is made in the graph.
+
+    Args:
+        channels: C.
+    """
+
+    def __init__(self, channels: int):
+        super().__init__()
+        conv = nn.Conv2d(channels, channels, 3, 2)
+        self.weight, self.bias = conv.weight, conv.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: float32 (B, C, T, D) channels-last, T, D >= 3 -> float32 (B, C, T', D') channels-last."""
+        weight = self.weight.contiguous(memory_format=torch.channels_last)
         if torch.jit.is_scripting() or x.device.type != "cpu":
-            x = nn.functional.conv2d(x, weight2, self.bias2, 2)
+            x = nn.functional.conv2d(x, weight, self.bias, 2)
         else:
-            x = self._stride2_conv2d(x, weight2)
+            x = self._stride2_conv2d(x, weight)
         return torch.relu_(x)
 
     @torch.jit.unused
     def _stride2_conv2d(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return _Stride2Conv2d.apply(x, weight, self.bias2)
+        return _Stride2Conv2d.apply(x, weight, self.bias)
 
 
-class Conv2dSubsampling4(nn.Module):
-    """Two 3x3 stride-2 Conv2d + ReLU layers (:class:`Conv2dReLU2`), then a linear projection and
-    positional encoding.
+class Conv2dSubsampling(nn.Module):
+    """3x3 stride-2 Conv2d + ReLU layers, two for 4x subsampling (``input_layer: conv2d``, 40 ms frames) or three for
+    8x (``conv2d8``, 80 ms), then a linear projection and positional encoding.
 
-    No padding is used, so a subsampled frame exists only where the receptive field lies fully
-    inside the input: T frames give ``((T - 1) // 2 - 1) // 2`` frames, and for a padded
-    utterance of length l exactly the first ``((l - 1) // 2 - 1) // 2`` outputs depend on valid
-    frames only (:meth:`output_lengths`). Output frame j covers input frames 4j .. 4j+6.
+    The layers are ``conv``: a :class:`PatchConvReLU`, then :class:`Stride2ConvReLU` s. ReLUs are in place: no
+    convolution needs its output for the backward pass, so the largest activation of the model, (B, C, T/2, D/2),
+    is stored once. No padding is used, so a subsampled frame exists only where the receptive field (7 input frames
+    for 4x, 15 for 8x) lies fully inside the input: each layer maps l frames to ``(l - 1) // 2``, and for a padded
+    utterance of length l exactly the first of those outputs depend on valid frames only (:meth:`output_lengths`).
+    Output frame j covers input frames rate*j .. rate*j + receptive field - 1.
 
-    An input shorter than the receptive field (T < 7 frames, under ~85 ms of audio) is padded to 7
-    frames and gives one output frame marked invalid in the mask, so such a batch still runs
-    through the encoder (a conv kernel larger than its input would raise) and the utterances in
-    it simply have 0 valid frames.
+    An input shorter than the receptive field (under ~85 ms of audio for 4x, ~165 ms for 8x) is padded to it and
+    gives one output frame marked invalid in the mask, so such a batch still runs through the encoder (a conv
+    kernel larger than its input would raise) and the utterances in it simply have 0 valid frames.
 
     Args:
         idim: input feature size D (e.g. 80 fbank bins).
@@ -116,21 +129,34 @@ class Conv2dSubsampling4(nn.Module):
         channels: conv channel count; 0 means ``odim`` (the usual choice). NOTE: the second conv costs
             ``channels**2 * 9 * D/4`` multiply-adds per 40 ms frame, about half of a small conformer's training
             time on CPU at channels = odim = 144; 32 channels cut that by 20x (see the CPU recipe's conf).
+        rate: 4 or 8.
+
+    Raises:
+        ValueError: another ``rate``.
     """
 
-    def __init__(self, idim: int, odim: int, pos_enc: nn.Module, channels: int = 0):
+    def __init__(self, idim: int, odim: int, pos_enc: nn.Module, channels: int = 0, rate: int = 4):
         super().__init__()
+        if rate not in NUM_LAYERS:
+            raise ValueError(f"subsampling rate must be one of {sorted(NUM_LAYERS)}, got {rate}")
         channels = channels or odim
-        self.conv = Conv2dReLU2(channels)
-        self.out = nn.Linear(channels * (((idim - 1) // 2 - 1) // 2), odim)
+        self.num_layers = NUM_LAYERS[rate]
+        self.conv = nn.Sequential(PatchConvReLU(channels),
+                                  *(Stride2ConvReLU(channels) for _ in range(self.num_layers - 1)))
+        freq = idim
+        for _ in range(self.num_layers):
+            freq = (freq - 1) // 2
+        self.out = nn.Linear(channels * freq, odim)
         self.pos_enc = pos_enc
-        self.receptive_field = RECEPTIVE_FIELD  # NOTE: an attribute, as TorchScript reads no globals
+        self.rate = rate
+        self.receptive_field = 2 ** (self.num_layers + 1) - 1
 
-    @staticmethod
-    def output_lengths(lengths: torch.Tensor) -> torch.Tensor:
-        """int64 (B,) input frames -> int64 (B,) valid output frames, ``((l - 1) // 2 - 1) // 2``
-        and 0 for ``l`` < 7."""
-        return (((lengths - 1) // 2 - 1) // 2).clamp(min=0)
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """int64 (B,) input frames -> int64 (B,) valid output frames: ``(l - 1) // 2`` once per layer (for 4x
+        ``((l - 1) // 2 - 1) // 2``), 0 for ``l`` under the receptive field."""
+        for _ in range(self.num_layers):
+            lengths = (lengths - 1) // 2
+        return lengths.clamp(min=0)
 
     def forward(self, x: torch.Tensor, x_mask: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,7 +167,7 @@ class Conv2dSubsampling4(nn.Module):
             x_mask: bool (B, 1, T), True at valid frames.
 
         Returns:
-            x: float32 (B, T', odim) with T' = ((max(T, 7) - 1) // 2 - 1) // 2 >= 1.
+            x: float32 (B, T', odim) with T' = :meth:`output_lengths` of max(T, receptive field) >= 1.
             pos_emb: float32 (1, T', odim) or (1, 2T'-1, odim), from ``pos_enc``.
             mask: bool (B, 1, T'), True at subsampled frames computed from valid input only.
 
@@ -156,6 +182,8 @@ class Conv2dSubsampling4(nn.Module):
         batch, channels, time, freq = x.size()
         x = self.out(x.transpose(1, 2).reshape(batch, time, channels * freq))
         x, pos_emb = self.pos_enc(x)
-        # Frame j of the output is valid iff input frame 4j+6 is: slicing at 2::2 twice
+        # Frame j of a layer's output is valid iff its input frame 2j+2 is: slicing at 2::2 once per layer
         # keeps exactly those mask entries.
-        return x, pos_emb, x_mask[:, :, 2::2][:, :, 2::2]
+        for _ in range(self.num_layers):
+            x_mask = x_mask[:, :, 2::2]
+        return x, pos_emb, x_mask

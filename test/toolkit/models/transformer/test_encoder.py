@@ -13,7 +13,17 @@ def _encoders():
     torch.manual_seed(0)
     return [TransformerEncoder(80, **SMALL),
             ConformerEncoder(80, cnn_module_kernel=7, **SMALL),
-            ConformerEncoder(80, cnn_module_kernel=7, cnn_module_norm="layer_norm", **SMALL)]
+            ConformerEncoder(80, cnn_module_kernel=7, cnn_module_norm="layer_norm", **SMALL),
+            ConformerEncoder(80, cnn_module_kernel=7, input_layer="conv2d8", **SMALL)]
+
+
+CONV_LAYERS = [2, 2, 2, 3]  # 3x3 stride-2 convolutions of each encoder's front end
+
+
+def _subsampled(length: int, layers: int) -> int:
+    for _ in range(layers):
+        length = (length - 1) // 2
+    return length
 
 
 def _trained_batch_norm(encoder, feats, lengths):
@@ -24,19 +34,19 @@ def _trained_batch_norm(encoder, feats, lengths):
     return encoder.eval()
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_output_length_and_mask_match_subsampling_formula(tiny_fsdd, index):
     feats, lengths = tiny_fsdd.batch(KEYS)
     encoder = _encoders()[index].eval()
     out, mask = encoder(feats, lengths)
-    time = feats.size(1)
-    assert out.shape == (3, ((time - 1) // 2 - 1) // 2, 32)
+    layers = CONV_LAYERS[index]
+    assert out.shape == (3, _subsampled(feats.size(1), layers), 32)
     assert mask.dtype == torch.bool and mask.shape == (3, 1, out.size(1))
-    assert mask.sum(dim=2).squeeze(1).tolist() == [
-        ((n - 1) // 2 - 1) // 2 for n in lengths.tolist()]
+    expected = [_subsampled(n, layers) for n in lengths.tolist()]
+    assert mask.sum(dim=2).squeeze(1).tolist() == expected == encoder.output_lengths(lengths).tolist()
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_padded_batch_matches_each_utterance_alone(tiny_fsdd, index):
     feats, lengths = tiny_fsdd.batch(KEYS)
     assert len(set(lengths.tolist())) == 3
@@ -51,7 +61,7 @@ def test_padded_batch_matches_each_utterance_alone(tiny_fsdd, index):
             assert_equal_up_to_rounding(out[b, :valid], alone[0])
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_torchscript_encoder_matches_eager(tiny_fsdd, index):
     feats, lengths = tiny_fsdd.batch(KEYS)
     feats = feats.double()
@@ -71,3 +81,5 @@ def test_invalid_names_raise_value_error_listing_choices():
         TransformerEncoder(80, selfattention_layer_type="rel_selfattn", **SMALL)
     with pytest.raises(ValueError, match="odd"):
         ConformerEncoder(80, cnn_module_kernel=8, **SMALL)
+    with pytest.raises(ValueError, match=r"unknown input_layer 'conv2d6'; valid: \['conv2d', 'conv2d8'\]"):
+        ConformerEncoder(80, input_layer="conv2d6", **SMALL)

@@ -1,30 +1,55 @@
+import pytest
 import torch
 
 from toolkit.models.transformer.embedding import PositionalEncoding
-from toolkit.models.transformer.subsampling import Conv2dSubsampling4
+from toolkit.models.transformer.subsampling import Conv2dSubsampling
 from toolkit.utils.mask import make_non_pad_mask
 
 from ..conftest import assert_equal_up_to_rounding
 
 
-def test_subsampled_lengths_follow_conv_arithmetic_on_real_speech(tiny_fsdd, tiny_lj):
+def _frames(length: int, rate: int) -> int:
+    """What 2 (rate 4) or 3 (rate 8) unpadded 3x3 stride-2 convolutions leave of ``length`` frames."""
+    for _ in range({4: 2, 8: 3}[rate]):
+        length = max((length - 3) // 2 + 1, 0)
+    return length
+
+
+@pytest.mark.parametrize("rate", [4, 8])
+def test_subsampled_lengths_follow_conv_arithmetic_on_real_speech(tiny_fsdd, tiny_lj, rate):
     keys_fsdd = ["nicolas-6-00", "george-0-01", "lucas-5-01"]
     batches = [tiny_fsdd.batch(keys_fsdd), tiny_lj.batch(["LJ001-0002", "LJ001-0008"])]
-    subsampling = Conv2dSubsampling4(80, 16, PositionalEncoding(16, 0.0)).eval()
+    subsampling = Conv2dSubsampling(80, 16, PositionalEncoding(16, 0.0), rate=rate).eval()
     for feats, lengths in batches:
         mask = make_non_pad_mask(lengths).unsqueeze(1)
         out, pos_emb, out_mask = subsampling(feats, mask)
         time = feats.size(1)
-        assert out.shape == (len(lengths), ((time - 1) // 2 - 1) // 2, 16)
+        assert out.shape == (len(lengths), _frames(time, rate), 16)
         assert pos_emb.shape == (1, out.size(1), 16)
-        assert out_mask.sum(dim=2).squeeze(1).tolist() == [
-            ((n - 1) // 2 - 1) // 2 for n in lengths.tolist()]
+        assert out_mask.sum(dim=2).squeeze(1).tolist() == [_frames(n, rate) for n in lengths.tolist()]
+        assert subsampling.output_lengths(lengths).tolist() == [_frames(n, rate) for n in lengths.tolist()]
 
 
-def test_valid_outputs_depend_on_valid_frames_only(tiny_fsdd):
+@pytest.mark.parametrize("rate, receptive_field", [(4, 7), (8, 15)])
+def test_clips_under_the_receptive_field_give_one_invalid_frame(rate, receptive_field):
+    subsampling = Conv2dSubsampling(80, 8, PositionalEncoding(8, 0.0), rate=rate).eval()
+    lengths = torch.tensor([receptive_field - 1, 3])
+    out, _, out_mask = subsampling(torch.randn(2, receptive_field - 1, 80), make_non_pad_mask(lengths).unsqueeze(1))
+    assert out.shape == (2, 1, 8) and not bool(out_mask.any())
+    assert subsampling.output_lengths(torch.tensor([0, 1, receptive_field - 1, receptive_field])).tolist() == [
+        0, 0, 0, 1]
+
+
+def test_an_unknown_rate_is_refused():
+    with pytest.raises(ValueError, match="rate must be one of \\[4, 8\\], got 6"):
+        Conv2dSubsampling(80, 8, PositionalEncoding(8, 0.0), rate=6)
+
+
+@pytest.mark.parametrize("rate", [4, 8])
+def test_valid_outputs_depend_on_valid_frames_only(tiny_fsdd, rate):
     feats, lengths = tiny_fsdd.batch(["george-0-01", "nicolas-6-00"])
     feats = feats.double()
-    subsampling = Conv2dSubsampling4(80, 16, PositionalEncoding(16, 0.0)).double().eval()
+    subsampling = Conv2dSubsampling(80, 16, PositionalEncoding(16, 0.0), rate=rate).double().eval()
     mask = make_non_pad_mask(lengths).unsqueeze(1)
     out, _, out_mask = subsampling(feats, mask)
     short = int(lengths[1])
@@ -35,16 +60,19 @@ def test_valid_outputs_depend_on_valid_frames_only(tiny_fsdd):
 
 
 def _reference_convolutions(conv, feats):
-    """The two convolutions as plain conv2d + ReLU on contiguous tensors: what Conv2dReLU2 must equal."""
-    x = torch.relu(torch.nn.functional.conv2d(feats.unsqueeze(1), conv.weight1, conv.bias1, 2))
-    return torch.relu(torch.nn.functional.conv2d(x, conv.weight2, conv.bias2, 2))
+    """The convolutions as plain conv2d + ReLU on contiguous tensors: what the front end's layers must equal."""
+    x = feats.unsqueeze(1)
+    for layer in conv:
+        x = torch.relu(torch.nn.functional.conv2d(x, layer.weight, layer.bias, 2))
+    return x
 
 
-def test_front_end_convolutions_and_their_gradients_equal_plain_conv2d(tiny_fsdd, tiny_lj):
+@pytest.mark.parametrize("rate", [4, 8])
+def test_front_end_convolutions_and_their_gradients_equal_plain_conv2d(tiny_fsdd, tiny_lj, rate):
     """The patch product, channels-last layout, in-place ReLUs and the per-tap weight gradient (the CPU training path)
     compute the same function and the same gradients as two nn.functional.conv2d + ReLU, in float64; and the
     TorchScript path (plain conv2d) gives the same output."""
-    subsampling = Conv2dSubsampling4(80, 8, PositionalEncoding(8, 0.0), channels=6).double().train()
+    subsampling = Conv2dSubsampling(80, 8, PositionalEncoding(8, 0.0), channels=6, rate=rate).double().train()
     conv = subsampling.conv
     for feats, _ in (tiny_fsdd.batch(["george-0-01", "nicolas-6-00"]), tiny_lj.batch(["LJ001-0002"])):
         feats = feats.double()
@@ -53,7 +81,8 @@ def test_front_end_convolutions_and_their_gradients_equal_plain_conv2d(tiny_fsdd
         ref = _reference_convolutions(conv, feats)
         assert_equal_up_to_rounding(out, ref)
         upstream = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-        params = [conv.weight1, conv.bias1, conv.weight2, conv.bias2]
+        params = list(conv.parameters())
+        assert len(params) == 2 * {4: 2, 8: 3}[rate]
         grads = torch.autograd.grad(out, params, upstream)
         ref_grads = torch.autograd.grad(ref, params, upstream)
         for grad, ref_grad in zip(grads, ref_grads):
@@ -70,9 +99,9 @@ def test_front_end_under_bf16_autocast_matches_plain_conv2d_and_its_gradients(ti
     found Float", the saved float32 weight against bf16 activations); each gradient is float32 like its parameter
     and within bf16 rounding of autocast's plain conv2d."""
     torch.manual_seed(0)
-    conv = Conv2dSubsampling4(80, 8, PositionalEncoding(8, 0.0), channels=6).train().conv
+    conv = Conv2dSubsampling(80, 8, PositionalEncoding(8, 0.0), channels=6).train().conv
     feats, _ = tiny_fsdd.batch(["george-0-01", "nicolas-6-00"])
-    params = [conv.weight1, conv.bias1, conv.weight2, conv.bias2]
+    params = list(conv.parameters())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, ref = conv(feats), _reference_convolutions(conv, feats)
     assert out.dtype == ref.dtype == torch.bfloat16
@@ -90,12 +119,12 @@ def test_front_end_parameters_keep_the_default_layout_and_conv2d_initialisation(
     """DDP buckets and DeepSpeed flatten the parameters: they stay contiguous (the channels-last copies live in the
     graph), and a gradient step leaves them so."""
     torch.manual_seed(3)
-    subsampling = Conv2dSubsampling4(80, 8, PositionalEncoding(8, 0.0), channels=6)
+    subsampling = Conv2dSubsampling(80, 8, PositionalEncoding(8, 0.0), channels=6)
     conv = subsampling.conv
-    assert conv.weight1.shape == (6, 1, 3, 3) and conv.weight2.shape == (6, 6, 3, 3)
+    assert conv[0].weight.shape == (6, 1, 3, 3) and conv[1].weight.shape == (6, 6, 3, 3)
     torch.manual_seed(3)
     plain = torch.nn.Conv2d(1, 6, 3, 2)  # the same draws as the constructor's first convolution
-    assert torch.equal(conv.weight1, plain.weight) and torch.equal(conv.bias1, plain.bias)
+    assert torch.equal(conv[0].weight, plain.weight) and torch.equal(conv[0].bias, plain.bias)
     feats = torch.randn(2, 40, 80)
     out, _, _ = subsampling(feats, torch.ones(2, 1, 40, dtype=torch.bool))
     out.sum().backward()
