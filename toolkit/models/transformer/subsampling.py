@@ -148,7 +148,6 @@ class Conv2dSubsampling(nn.Module):
             freq = (freq - 1) // 2
         self.out = nn.Linear(channels * freq, odim)
         self.pos_enc = pos_enc
-        self.rate = rate
         self.receptive_field = 2 ** (self.num_layers + 1) - 1
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
