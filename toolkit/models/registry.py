@@ -18,7 +18,7 @@ DECODERS = {"transformer": TransformerDecoder}
 CMVNS = ("global_cmvn",)
 
 # Filled in by init_model from other config entries, never from a *_conf dict.
-_DERIVED_KWARGS = {"input_size", "global_cmvn", "vocab_size", "encoder_output_size", "encoder",
+_DERIVED_KWARGS = {"input_size", "global_cmvn", "vocab_size", "odim", "encoder_output_size", "encoder",
                    "decoder", "ctc"}
 
 
@@ -48,7 +48,7 @@ def init_model(conf, input_dim: int | None = None, vocab_size: int | None = None
     Args:
         conf: a :class:`toolkit.config.Config`, or the config as a plain mapping (a loaded YAML), with
             ``encoder`` (conformer|transformer) and ``encoder_conf``, ``decoder`` (transformer) and ``decoder_conf``,
-            ``model_conf`` (:class:`ASRModel` keywords: ctc_weight, lsm_weight, length_normalized_loss), ``cmvn``
+            ``ctc_conf`` (:class:`CTC` keywords: dropout_rate, upsample), ``model_conf`` (:class:`ASRModel` keywords: ctc_weight, lsm_weight, length_normalized_loss), ``cmvn``
             (``global_cmvn`` or None) and ``cmvn_conf`` (``{cmvn_file}``).
         input_dim: D, the fbank bins of the features (default: the config's ``input_dim``).
         vocab_size: V, the symbol table's size, ``<sos/eos>`` = V - 1 (default: the config's ``output_dim``).
@@ -82,7 +82,7 @@ def init_model(conf, input_dim: int | None = None, vocab_size: int | None = None
     encoder = _build("encoder_conf", encoder_cls, get("encoder_conf"), input_dim, global_cmvn=global_cmvn)
     decoder_cls = _lookup("decoder", get("decoder", "transformer"), DECODERS)
     decoder = _build("decoder_conf", decoder_cls, get("decoder_conf"), vocab_size, encoder.output_size())
-    ctc = CTC(vocab_size, encoder.output_size())
+    ctc = _build("ctc_conf", CTC, get("ctc_conf"), vocab_size, encoder.output_size())
     return _build("model_conf", ASRModel, get("model_conf"), vocab_size, encoder, decoder, ctc)
 
 

@@ -9,8 +9,11 @@ only the query module; ``lmplz`` needs Boost), and the pure-Python ``arpabo`` 0.
 1, an unnormalised model. Any ARPA or KenLM binary file, e.g. one built by ``lmplz`` on more text, can be decoded
 with instead (:class:`WordNgramLM`).
 
-Sentences are padded as ``<s> w1 .. wk </s>``; words are case-sensitive and whitespace-separated; ``<unk>`` gets
-only the uniform share of the unigram distribution (an out-of-vocabulary word scores as ``<unk>``).
+Sentences are padded as ``<s> w1 .. wk </s>``; words are case-sensitive and whitespace-separated. The unigram
+level interpolates with a base distribution: uniform over the vocabulary (``<unk>`` gets only its share of it; an
+out-of-vocabulary word scores as ``<unk>``), or a prior over a larger word list, such as a language's most frequent
+words (:func:`toolkit.text.common_words.common_words`), which puts those words in the LM's vocabulary with the mass that Kneser-Ney keeps
+back for words not seen in the text (the same recursion: every distribution still sums to one).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import gzip
 import logging
 import math
 from collections import Counter, defaultdict
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import kenlm
 
@@ -51,19 +54,22 @@ def modified_kn_discounts(adjusted_counts: Iterable[int], order: int = 0) -> tup
     return FALLBACK_DISCOUNTS
 
 
-def kneser_ney_arpa(sentences: Iterable[Sequence[str]], order: int) -> str:
+def kneser_ney_arpa(sentences: Iterable[Sequence[str]], order: int, prior: Mapping[str, float] | None = None) -> str:
     """The text of an ARPA file of an interpolated modified Kneser-Ney word n-gram model.
 
     Args:
         sentences: each a list of words; empty ones are ignored.
         order: n-gram order, in [MIN_ORDER, MAX_ORDER] (what KenLM loads).
+        prior: ``{word: weight > 0}``, the base distribution the unigrams interpolate with, in place of the
+            uniform one: its words join the vocabulary, and every word gets the base probability
+            ``weight / sum`` (a word of the text or ``<unk>`` missing from it: the smallest weight). None: uniform.
 
     Returns:
         ARPA text: log10 probabilities and backoff weights, 7 significant digits.
 
     Raises:
         ValueError: ``order`` out of range; a sentence holding ``<s>`` or ``</s>`` (named by its 1-based
-            index); no word at all.
+            index); no word at all; a prior weight that is not a finite number > 0, or a prior word ``<s>``.
     """
     if not MIN_ORDER <= order <= MAX_ORDER:
         raise ValueError(f"n-gram order must be in {MIN_ORDER}..{MAX_ORDER} (what KenLM loads), got {order}")
@@ -88,9 +94,9 @@ def kneser_ney_arpa(sentences: Iterable[Sequence[str]], order: int) -> str:
         adjusted[n] = {ngram: count if ngram[0] == BOS else left[ngram] for ngram, count in raw[n].items()}
     adjusted[1].pop((BOS,), None)  # <s> is never predicted
     adjusted[1].setdefault((UNK,), 0)
+    base = _base_distribution(adjusted[1], prior)
     probs: list[dict] = [{} for _ in range(order + 1)]
     backoffs: list[dict] = [{} for _ in range(order + 1)]  # backoffs[n][context of n words]
-    vocab_size = len(adjusted[1])
     for n in range(1, order + 1):
         discounts = (0.0, *modified_kn_discounts(adjusted[n].values(), n))
         totals: dict = defaultdict(int)
@@ -102,7 +108,7 @@ def kneser_ney_arpa(sentences: Iterable[Sequence[str]], order: int) -> str:
             backoffs[n - 1][context] = mass[context] / total
         for ngram, count in adjusted[n].items():
             context = ngram[:-1]
-            lower = probs[n - 1][ngram[1:]] if n > 1 else 1.0 / vocab_size
+            lower = probs[n - 1][ngram[1:]] if n > 1 else base[ngram]
             probs[n][ngram] = (count - discounts[min(count, 3)]) / totals[context] + backoffs[n - 1][context] * lower
     lines = ["\\data\\"] + [f"ngram {n}={len(probs[n]) + (n == 1)}" for n in range(1, order + 1)]
     for n in range(1, order + 1):
@@ -120,9 +126,30 @@ def kneser_ney_arpa(sentences: Iterable[Sequence[str]], order: int) -> str:
     return "\n".join(lines)
 
 
-def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int) -> dict[str, int]:
+def _base_distribution(unigrams: dict, prior: Mapping[str, float] | None) -> dict:
+    """The base probability of each unigram, ``{(word,): p}``; with a prior, its words are added to ``unigrams``
+    (adjusted count 0: they get only their base share)."""
+    if prior is None:
+        return {ngram: 1.0 / len(unigrams) for ngram in unigrams}
+    bad = [(w, v) for w, v in prior.items() if w == BOS or isinstance(v, bool) or not isinstance(v, (int, float))
+           or not math.isfinite(v) or v <= 0]
+    if bad or not prior:
+        raise ValueError(f"the unigram prior needs finite weights > 0 and no {BOS}, got {bad[:3] or 'no word'}")
+    for word in prior:
+        unigrams.setdefault((word,), 0)
+    floor = min(prior.values())
+    weights = {ngram: prior.get(ngram[0], floor) for ngram in unigrams}
+    total = math.fsum(weights.values())
+    return {ngram: weight / total for ngram, weight in weights.items()}
+
+
+def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_word_count: int = 0
+                          ) -> dict[str, int]:
     """Estimate the model (:func:`kneser_ney_arpa`) from the transcripts of a Kaldi ``text`` file
-    (``key word word ...`` per line; the key is dropped) and write it atomically to ``arpa_path``.
+    (``key word word ...`` per line; the key is dropped) and write it atomically to ``arpa_path``. With
+    ``common_word_count`` > 0 the unigrams' prior is that many English words
+    (:func:`toolkit.text.common_words.common_words`), spelt with the
+    transcripts' characters and upper-cased when the transcripts hold no lower-case letter.
 
     Returns:
         ``{"sentences": .., "words": .., "ngram 1": .., ...}``.
@@ -133,10 +160,18 @@ def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int) -> dict[st
     """
     with open(text_file, encoding="utf-8") as f:
         sentences = [line.split()[1:] for line in f]
-    arpa = kneser_ney_arpa(sentences, order)
+    prior = None
+    if common_word_count:
+        # NOTE: imported here: decoding imports this module, and only the estimate needs wordfreq (0.3 s to import).
+        from toolkit.text.common_words import common_words
+
+        alphabet = {c for words in sentences for w in words if w != UNK for c in w}
+        prior = common_words(common_word_count, alphabet, upper=not any(c.islower() for c in alphabet))
+    arpa = kneser_ney_arpa(sentences, order, prior)
     atomic_write(arpa_path, lambda out: out.write(arpa.encode("utf-8")))
     sizes = {line.split("=")[0]: int(line.split("=")[1]) for line in arpa.splitlines() if line.startswith("ngram ")}
-    return {"sentences": sum(1 for s in sentences if s), "words": sum(len(s) for s in sentences), **sizes}
+    return {"sentences": sum(1 for s in sentences if s), "words": sum(len(s) for s in sentences),
+            **({"common words": len(prior)} if prior else {}), **sizes}
 
 
 class LMPart(NamedTuple):

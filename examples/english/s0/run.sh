@@ -49,6 +49,7 @@ decode_sets=test                     # test | dev: stage 5 decodes <decode_sets>
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
 beam_size=10
 lm_order=3                           # word n-gram LM from the training transcripts (stage 2); 0: decode without LM
+lm_common_words=0                    # the LM's vocabulary adds this many of the most frequent English words (wordfreq)
 lm_weight=0.4                        # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets)
 word_bonus=1.0
 oov_penalty=-10
@@ -71,6 +72,7 @@ for opt in beam_size decode_batch_size num_utts_per_shard shard_workers cmvn_wor
 done
 [[ $decode_threads =~ ^[0-9]+$ ]] || die "--decode_threads must be a non-negative integer, got '$decode_threads'"
 [[ $lm_order =~ ^(0|[2-6])$ ]] || die "--lm_order must be 0 (no LM) or 2..6 (what KenLM loads), got '$lm_order'"
+[[ $lm_common_words =~ ^(0|[1-9][0-9]*)$ ]] || die "--lm_common_words must be a non-negative integer, got '$lm_common_words'"
 for opt in lm_weight word_bonus oov_penalty; do
   [[ ${!opt} =~ ^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || die "--$opt must be a decimal number, got '${!opt}'"
 done
@@ -94,6 +96,7 @@ fi
 dict=$data/dict/units.txt
 bpemodel=$data/dict/bpe
 lm=$data/lm/lm_${lm_order}gram.arpa
+[ "$lm_common_words" = 0 ] || lm=$data/lm/lm_${lm_order}gram_${lm_common_words}common.arpa
 eval_sets() { for c in $corpora; do printf '%s_%s ' "$1" "$c"; done; }
 decode_dirs=$(eval_sets "$decode_sets")
 decode_dirs=${decode_dirs% }
@@ -193,8 +196,8 @@ if (( stage <= 2 && stop_stage >= 2 )); then
     cp "$bpemodel.units.txt" "$dict"
   fi
   if [ "$lm_order" -gt 0 ]; then
-    echo "stage 2: word $lm_order-gram LM $lm from $data/train/text"
-    python tools/train_ngram_lm.py --order "$lm_order" "$data/train/text" "$lm"
+    echo "stage 2: word $lm_order-gram LM $lm from $data/train/text (+ $lm_common_words common English words)"
+    python tools/train_ngram_lm.py --order "$lm_order" --common_words "$lm_common_words" "$data/train/text" "$lm"
   fi
 fi
 
@@ -260,7 +263,7 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
   lm_title=
   if (( lm_order > 0 && lm_used )); then
     lm_options=(--lm "$lm" --lm_weight "$lm_weight" --word_bonus "$word_bonus" --oov_penalty "$oov_penalty")
-    lm_title=", $lm_order-gram LM weight $lm_weight bonus $word_bonus penalty $oov_penalty"
+    lm_title=", $lm_order-gram LM (+ $lm_common_words common words) weight $lm_weight bonus $word_bonus penalty $oov_penalty"
   fi
   echo "stage 5: decoding $decode_dirs with $decode_modes${lm_title}, $num_nodes node(s) x $decode_nproc_per_node process(es)"
   for x in $decode_dirs; do

@@ -8,15 +8,16 @@ from pathlib import Path
 import kenlm
 import pytest
 
+from toolkit.text.common_words import common_words
 from toolkit.text.ngram_lm import (FALLBACK_DISCOUNTS, WordNgramLM, arpa_vocabulary, kneser_ney_arpa,
                                    modified_kn_discounts)
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def kenlm_model(tmp_path, sentences, order, name="lm.arpa"):
+def kenlm_model(tmp_path, sentences, order, name="lm.arpa", prior=None):
     path = tmp_path / name
-    path.write_text(kneser_ney_arpa(sentences, order), encoding="utf-8")
+    path.write_text(kneser_ney_arpa(sentences, order, prior), encoding="utf-8")
     return kenlm.Model(str(path)), path
 
 
@@ -51,13 +52,42 @@ def test_a_bigram_model_computed_by_hand(tmp_path):
         assert prob(model, context, word) == pytest.approx(p, rel=1e-5), (context, word)
 
 
-@pytest.mark.parametrize("order", [2, 3, 4])
-def test_every_distribution_sums_to_one_on_real_transcripts(tmp_path, order):
+def test_a_prior_puts_its_words_in_the_vocabulary_with_the_mass_kneser_ney_keeps_back(tmp_path):
+    # The model of the test above with the prior {A: 1, ZED: 3}: the words of the text missing from it (B, C, </s>,
+    # <unk>) weigh its smallest weight, 1, so the base is 1/8 for each but ZED, 3/8. The unigrams keep their
+    # discounted counts and gamma = 0.5: p(A) = 0.1 + 0.5 / 8, p(</s>) = 0.2 + 0.5 / 8, p(ZED) = 0.5 * 3 / 8.
+    model, path = kenlm_model(tmp_path, [["A", "B"], ["A", "B"], ["A", "C"]], order=2, prior={"A": 1, "ZED": 3})
+    assert arpa_vocabulary(str(path)) == {"<s>", "</s>", "<unk>", "A", "B", "C", "ZED"}
+    p_a, p_end, p_zed = 0.1 + 0.5 / 8, 0.2 + 0.5 / 8, 0.5 * 3 / 8
+    expected = {((), "A"): 1.5 / 3 + 0.5 * p_a, (("A",), "B"): 1 / 3 + 0.5 * p_a, (("A",), "ZED"): 0.5 * p_zed,
+                (("A", "B"), "</s>"): 0.5 + 0.5 * p_end, (("A",), "NOTAWORD"): 0.5 * 0.5 / 8}
+    for (context, word), p in expected.items():
+        assert prob(model, context, word) == pytest.approx(p, rel=1e-5), (context, word)
+    for prior in ({"A": 0}, {"A": float("nan")}, {"A": True}, {"<s>": 1.0}, {}):
+        with pytest.raises(ValueError, match="the unigram prior needs finite weights > 0"):
+            kneser_ney_arpa([["A"]], 2, prior)
+
+
+def test_common_words_are_the_most_frequent_english_words_the_alphabet_spells():
+    letters = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ'")
+    words = common_words(2000, letters, upper=True)
+    assert len(words) == 2000 and list(words)[:4] == ["THE", "TO", "AND", "OF"]
+    assert {"DON'T", "SEVEN", "WATER"} <= set(words) and all(set(w) <= letters for w in words)
+    frequencies = list(words.values())
+    assert frequencies == sorted(frequencies, reverse=True) and 0 < frequencies[-1] < frequencies[0] < 0.1
+    assert list(common_words(3, set("theoa"), upper=False)) == ["the", "to", "a"]
+    with pytest.raises(ValueError, match="must be >= 1, got 0"):
+        common_words(0, letters, upper=True)
+
+
+@pytest.mark.parametrize("order, prior_words", [(2, 0), (3, 0), (4, 0), (3, 5000)])
+def test_every_distribution_sums_to_one_on_real_transcripts(tmp_path, order, prior_words):
     text = ROOT / "corpora/kathleen/data/train/text"
     sentences = [line.split()[1:] for line in text.read_text(encoding="utf-8").splitlines()]
-    model, path = kenlm_model(tmp_path, sentences, order)
+    prior = common_words(prior_words, set("ABCDEFGHIJKLMNOPQRSTUVWXYZ'"), upper=True) if prior_words else None
+    model, path = kenlm_model(tmp_path, sentences, order, prior=prior)
     vocab = sorted(arpa_vocabulary(str(path)) - {"<s>"})
-    assert len(vocab) > 1000 and "<unk>" in vocab and "</s>" in vocab
+    assert len(vocab) > 1000 + prior_words // 2 and "<unk>" in vocab and "</s>" in vocab
     frequent = [s[:order - 1] for s in sentences if len(s) >= order - 1][:5]
     for context in [[], ["THE"], ["OF", "THE"][: order - 1], ["NOTAWORD"], *frequent]:
         assert sum(prob(model, context, w) for w in vocab) == pytest.approx(1.0, abs=1e-5), context
@@ -70,6 +100,15 @@ def test_the_tool_writes_the_arpa_and_refuses_an_empty_text(tmp_path):
                          text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "ngram 1 " in run.stdout and kenlm.Model(str(out)).order == 3
+    digits = arpa_vocabulary(str(out)) - {"<s>", "</s>", "<unk>"}
+    assert digits == {"ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE"}
+    # with the 300 most frequent English words its letters spell (upper case, as the transcripts)
+    run = subprocess.run(tool + ["--common_words", "300", str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "common words 300, ngram 1 " in run.stdout, run.stderr
+    vocabulary = arpa_vocabulary(str(out))
+    assert digits < vocabulary and {"THE", "ONE", "HIS"} <= vocabulary and "AND" not in vocabulary  # no D
+    assert len(vocabulary - digits) == 300 - len(digits & set(common_words(300, set("EFGHINORSTUVWXZ"), True))) + 3
     empty = tmp_path / "text"
     empty.write_text("utt1\n")
     run = subprocess.run(tool + [str(empty), str(tmp_path / "x.arpa")], capture_output=True, text=True, timeout=60)

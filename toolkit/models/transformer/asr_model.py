@@ -115,7 +115,7 @@ class ASRModel(nn.Module):
         encoder_lens = encoder_mask.squeeze(1).sum(dim=1)
         excluded = encoder_lens == 0
         if self.ctc_weight > 0.0:
-            excluded |= encoder_lens < min_ctc_frames(target, target_lengths)
+            excluded |= self.ctc.output_lengths(encoder_lens) < min_ctc_frames(target, target_lengths)
         # NOTE: an excluded utterance keeps its row (the graph, and so the set of parameters that
         # get a gradient, stays the same, as DDP requires) but its target becomes empty.
         target = target.masked_fill(excluded.unsqueeze(1), IGNORE_ID)
@@ -196,11 +196,12 @@ class ASRModel(nn.Module):
             need_nbest = any(method in LM_METHODS for method in methods)
             if "ctc_greedy_search" in methods or need_nbest:
                 ctc_log_probs = self.ctc.log_softmax(encoder_out)
+                ctc_lengths = self.ctc.output_lengths(lengths)
             if "ctc_greedy_search" in methods:
-                results["ctc_greedy_search"] = ctc_greedy_search(ctc_log_probs, lengths)
+                results["ctc_greedy_search"] = ctc_greedy_search(ctc_log_probs, ctc_lengths)
             if need_nbest:
                 nbests = [ctc_prefix_beam_search(ctc_log_probs[i, :length], beam_size, lm)
-                          for i, length in enumerate(lengths.tolist())]
+                          for i, length in enumerate(ctc_lengths.tolist())]
                 if "ctc_prefix_beam_search" in methods:
                     results["ctc_prefix_beam_search"] = [nbest[0].tokens for nbest in nbests]
                 if "attention_rescoring" in methods:

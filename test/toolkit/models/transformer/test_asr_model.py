@@ -12,7 +12,7 @@ from toolkit.utils.common import IGNORE_ID
 KEYS = ["george-0-01", "jackson-1-00", "lucas-2-01", "nicolas-3-00"]
 
 
-def _model(vocab_size: int, ctc_weight: float, encoder: str = "conformer") -> ASRModel:
+def _model(vocab_size: int, ctc_weight: float, encoder: str = "conformer", ctc_upsample: int = 1) -> ASRModel:
     encoder_conf = dict(output_size=64, attention_heads=2, linear_units=128, num_blocks=2,
                         dropout_rate=0.0, positional_dropout_rate=0.0)
     if encoder == "conformer":
@@ -20,7 +20,7 @@ def _model(vocab_size: int, ctc_weight: float, encoder: str = "conformer") -> AS
     config = Config(cmvn=None, encoder=encoder, encoder_conf=encoder_conf, decoder="transformer",
                     decoder_conf=dict(attention_heads=2, linear_units=128, num_blocks=1,
                                       dropout_rate=0.0, positional_dropout_rate=0.0),
-                    model_conf=dict(ctc_weight=ctc_weight, lsm_weight=0.1))
+                    ctc_conf=dict(upsample=ctc_upsample), model_conf=dict(ctc_weight=ctc_weight, lsm_weight=0.1))
     return init_model(config, 80, vocab_size)
 
 
@@ -163,6 +163,26 @@ def test_an_utterance_without_ctc_alignment_is_left_out_exactly(tiny_fsdd):
         assert torch.allclose(with_short[name], grad, atol=1e-6), name
 
 
+def test_upsampled_ctc_aligns_what_the_encoder_frames_alone_cannot(tiny_fsdd):
+    # 12 fbank frames = 2 encoder frames: "ONE" has no alignment with them, and one with their 4 CTC frames.
+    feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
+    short = lengths.clone()
+    short[1] = 12
+    torch.manual_seed(0)
+    model = _model(len(vocab), 0.3, ctc_upsample=2).eval()
+    out = model(feats, short, target, target_lengths)
+    assert not out["excluded"].any() and torch.isfinite(out["loss"])
+    expected = model.ctc(*model.encoder(feats, short)[:1], model.encoder.output_lengths(short), target,
+                         target_lengths).mean()
+    assert torch.allclose(out["loss_ctc"], expected)
+    # decoding reads 2 CTC frames per encoder frame: greedy search can spell up to 4 tokens from 2 encoder frames
+    with torch.no_grad():
+        model.ctc.ctc_lo.bias.copy_(torch.tensor([-50.0] * len(vocab) + [0.0] * len(vocab)))
+        model.ctc.ctc_lo.bias[len(vocab) + vocab.index("O")] = 50.0  # every second CTC frame: O, the rest blank
+    hyps = model.decode(["ctc_greedy_search"], feats[1:2, :12], short[1:2])["ctc_greedy_search"]
+    assert hyps == [[vocab.index("O")] * 2]
+
+
 def test_a_batch_of_impossible_utterances_gives_zero_loss_and_zero_gradient(tiny_fsdd):
     feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
     model = _model(len(vocab), 0.3)
@@ -195,13 +215,14 @@ def test_clips_under_the_receptive_field_decode_to_empty_alone_and_in_a_batch(ti
     assert {method: hyps[:1] for method, hyps in padded.items()} == first
 
 
-def test_each_utterance_decodes_the_same_alone_and_in_a_batch(tiny_fsdd_test):
+@pytest.mark.parametrize("ctc_upsample", [1, 2])
+def test_each_utterance_decodes_the_same_alone_and_in_a_batch(tiny_fsdd_test, ctc_upsample):
     # An untrained model that rarely says <eos> (like the start of training): every attention hypothesis runs to its
     # length limit, which must be the utterance's own encoder length, not the batch's padded one.
     feats, lengths = tiny_fsdd_test.batch(["theo-6-00", "theo-2-00"])
     feats = (feats - feats.mean(dim=(0, 1))) / feats.std(dim=(0, 1))
     torch.manual_seed(0)
-    model = _model(19, 0.3).eval()
+    model = _model(19, 0.3, ctc_upsample=ctc_upsample).eval()
     with torch.no_grad():
         model.decoder.output_layer.bias[18] = -30.0
     methods = list(DECODING_METHODS)

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from toolkit.models.transformer.ctc import CTC, min_ctc_frames
@@ -28,7 +29,6 @@ def test_single_frame_single_token_loss_is_minus_log_posterior():
     hs = torch.randn(1, 1, 4)
     loss = ctc(hs, torch.tensor([1]), torch.tensor([[2]]), torch.tensor([1]))
     assert torch.allclose(loss, -ctc.log_softmax(hs)[0, 0, 2])
-    assert ctc.argmax(hs).shape == (1, 1)
 
 
 def test_min_frames_counts_a_blank_between_equal_neighbours():
@@ -47,3 +47,27 @@ def test_an_utterance_without_alignment_is_infinite_not_zero():
     ys = torch.tensor([[1, 2, 3, 3, 4]] * 2)
     loss = ctc(hs, torch.tensor([5, 6]), ys, torch.tensor([5, 5]))
     assert math.isinf(loss[0].item()) and math.isfinite(loss[1].item())
+
+
+def test_upsampling_projects_each_encoder_frame_to_k_ctc_frames():
+    # k = 2: CTC frame 2t + j is the j-th half of encoder frame t's projection; the loss aligns over 2 x hlens.
+    torch.manual_seed(0)
+    ctc = CTC(odim=5, encoder_output_size=8, upsample=2)
+    hs = torch.randn(2, 3, 8)
+    logits = ctc.ctc_lo(hs)  # (2, 3, 10)
+    log_probs = ctc.log_softmax(hs)
+    assert log_probs.shape == (2, 6, 5)
+    assert torch.allclose(log_probs[:, 1::2], logits[..., 5:].log_softmax(-1))
+    assert torch.allclose(log_probs[:, 0::2], logits[..., :5].log_softmax(-1))
+    hlens, ys, ys_lens = torch.tensor([3, 2]), torch.tensor([[1, 2, 2, 3], [4, 4, IGNORE_ID, IGNORE_ID]]), \
+        torch.tensor([4, 2])
+    expected = [torch.nn.functional.ctc_loss(log_probs[b, :2 * hlens[b]].unsqueeze(1), ys[b:b + 1, :ys_lens[b]],
+                                             2 * hlens[b:b + 1], ys_lens[b:b + 1], reduction="sum") for b in range(2)]
+    assert torch.allclose(ctc(hs, hlens, ys, ys_lens), torch.stack(expected))
+    # 1 2 2 3 needs 5 frames: 3 encoder frames hold it only upsampled
+    assert math.isfinite(ctc(hs[:1], hlens[:1], ys[:1], ys_lens[:1]).item())
+    assert math.isinf(CTC(odim=5, encoder_output_size=8)(hs[:1], hlens[:1], ys[:1], ys_lens[:1]).item())
+    assert ctc.output_lengths(hlens).tolist() == [6, 4]
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="upsample must be an integer >= 1"):
+            CTC(odim=5, encoder_output_size=8, upsample=bad)
