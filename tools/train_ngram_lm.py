@@ -2,7 +2,8 @@
 """Estimate a word n-gram LM (interpolated modified Kneser-Ney, :mod:`toolkit.text.ngram_lm`) from the transcripts
 of a Kaldi ``text`` file (``key word word ...`` per line) and write it as an ARPA file, for decoding with
 ``toolkit.bin.recognize --lm``. With ``--common_words N`` the N most frequent English words (wordfreq) spelt with
-the transcripts' characters join the vocabulary, as the prior of the unigrams (``toolkit.text.ngram_lm.common_words``).
+the transcripts' characters join the vocabulary, as the prior of the unigrams
+(``toolkit.text.common_words.common_words``).
 
 Usage:
     python tools/train_ngram_lm.py --order 3 data/train/text data/lm/lm.arpa

@@ -91,5 +91,7 @@ def _build(section: str, cls: type, conf: dict | None, *args, **kwargs):
     ``section``."""
     try:
         return cls(*args, **kwargs, **_checked_conf(section, cls, conf))
+    except ConfigError:  # already names the section
+        raise
     except ValueError as e:
         raise ConfigError(f"{section}: {e}") from e

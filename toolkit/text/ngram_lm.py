@@ -12,8 +12,9 @@ with instead (:class:`WordNgramLM`).
 Sentences are padded as ``<s> w1 .. wk </s>``; words are case-sensitive and whitespace-separated. The unigram
 level interpolates with a base distribution: uniform over the vocabulary (``<unk>`` gets only its share of it; an
 out-of-vocabulary word scores as ``<unk>``), or a prior over a larger word list, such as a language's most frequent
-words (:func:`toolkit.text.common_words.common_words`), which puts those words in the LM's vocabulary with the mass that Kneser-Ney keeps
-back for words not seen in the text (the same recursion: every distribution still sums to one).
+words (:func:`toolkit.text.common_words.common_words`), which puts those words in the LM's vocabulary with their
+share of the mass that Kneser-Ney keeps back for words not seen in the text (the same recursion: every distribution
+still sums to one).
 """
 from __future__ import annotations
 

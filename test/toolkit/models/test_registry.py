@@ -86,7 +86,7 @@ def test_ctc_conf_builds_the_ctc_head_and_refuses_what_it_does_not_take():
     model = init_model(_config(ctc_conf={"upsample": 2, "dropout_rate": 0.1}), 80, 30)
     assert model.ctc.upsample == 2 and model.ctc.ctc_lo.weight.shape == (60, 32)
     assert init_model(_config(), 80, 30).ctc.ctc_lo.weight.shape == (30, 32)  # none: one CTC frame per encoder frame
-    with pytest.raises(ConfigError, match=r"ctc_conf: unknown key\(s\) \['odim'\] for CTC; valid: \['dropout_rate', "
+    with pytest.raises(ConfigError, match=r"^ctc_conf: unknown key\(s\) \['odim'\] for CTC; valid: \['dropout_rate', "
                                           r"'upsample'\]"):
         init_model(_config(ctc_conf={"odim": 3}), 80, 30)
     with pytest.raises(ConfigError, match="ctc_conf: upsample must be an integer >= 1, got 0"):

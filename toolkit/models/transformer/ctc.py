@@ -30,10 +30,10 @@ class CTC(nn.Module):
 
     With ``upsample`` k > 1 one linear layer projects each encoder frame to k distributions over the vocabulary, so
     CTC aligns the target with k x T' frames while the encoder's work stays that of T' (as in Libovický & Helcl,
-    2018, arXiv:1811.04719, for non-autoregressive translation). A character model with 40 ms encoder frames needs
-    it where speech is faster than a character per 40 ms: the shipped FSDD digits are trimmed to the word, and 24 of
-    the 500 of its dev set have no CTC alignment at k = 1 (a "THREE" of 0.25 s: 5 encoder frames for T H R E blank
-    E).
+    2018, arXiv:1811.04719, for non-autoregressive translation): for speech faster than a unit per encoder frame. The
+    shipped FSDD digits are trimmed to the word, and 24 of the 500 of its dev set have no CTC alignment with
+    characters at 40 ms and k = 1 (a "THREE" of 0.25 s: 5 encoder frames for T H R E blank E); k = 2 aligns them,
+    but trained 10 epochs it learned the rest more slowly (``docs/recipe_ablation.md``, c10u), so the recipe keeps 1.
 
     Args:
         odim: vocabulary size V (``<blank>`` = 0).

@@ -33,8 +33,8 @@ def ctc_greedy_search(ctc_log_probs: torch.Tensor, lengths: torch.Tensor) -> lis
     """Best path decoding, batched.
 
     Args:
-        ctc_log_probs: float32 (B, T', V) CTC log-posteriors.
-        lengths: int64 (B,) valid frames per utterance.
+        ctc_log_probs: float32 (B, T_ctc, V) CTC log-posteriors (T_ctc = upsample x T' frames, see CTC).
+        lengths: int64 (B,) valid CTC frames per utterance.
 
     Returns:
         B token-id lists (repeats merged, blanks removed), in batch order.
@@ -86,7 +86,7 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: Pref
     hypothesis (its last word and the end of sentence included).
 
     Args:
-        ctc_log_probs: float32 (T', V) CTC log-posteriors of the valid frames only.
+        ctc_log_probs: float32 (T_ctc, V) CTC log-posteriors of the valid CTC frames only.
         beam_size: number of prefixes kept (and tokens expanded) per frame, >= 1.
         lm: language model to fuse, or None.
 
