@@ -4,7 +4,8 @@ once, by :func:`read_config`, into a :class:`Config` that the trainer, the decod
 Each section is owned by the code that consumes it: ``train_conf`` by the trainer
 (:class:`~toolkit.engine.train_conf.TrainConf`), ``dataset_conf`` by the data pipeline
 (:class:`~toolkit.dataset.conf.DatasetConf`); the model sections (``encoder``/``decoder`` + ``*_conf``,
-``ctc_conf``, ``model_conf``, ``cmvn``) are checked against the constructors by :func:`toolkit.models.registry.init_model`,
+``ctc_conf``, ``model_conf``, ``cmvn``) are checked against the constructors by
+:func:`toolkit.models.registry.init_model`,
 ``tokenizer_conf`` by :func:`toolkit.text.tokenizer.init_tokenizer` and ``optim_conf``/``scheduler_conf`` by
 :func:`toolkit.utils.scheduler.init_optimizer_and_scheduler`. The model's input size comes from
 ``dataset_conf.fbank_conf.num_mel_bins`` and its vocabulary size from the symbol table; ``train.yaml`` records both

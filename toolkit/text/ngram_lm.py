@@ -149,8 +149,8 @@ def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_wor
     """Estimate the model (:func:`kneser_ney_arpa`) from the transcripts of a Kaldi ``text`` file
     (``key word word ...`` per line; the key is dropped) and write it atomically to ``arpa_path``. With
     ``common_word_count`` > 0 the unigrams' prior is that many English words
-    (:func:`toolkit.text.common_words.common_words`), spelt with the
-    transcripts' characters and upper-cased when the transcripts hold no lower-case letter.
+    (:func:`toolkit.text.common_words.common_words`), spelt with the transcripts' characters and upper-cased when
+    the transcripts hold no lower-case letter.
 
     Returns:
         ``{"sentences": .., "words": .., "ngram 1": .., ...}``.
