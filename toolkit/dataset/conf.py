@@ -37,6 +37,18 @@ class FilterConf:
 
 
 @dataclass
+class PadConf:
+    """Pad utterances shorter than ``min_length`` frames of ``fbank_conf.frame_shift`` with near-silence
+    (``processor.pad_short``), in every mode; 0 turns the step off."""
+
+    SECTION: ClassVar[str] = "dataset_conf.pad_conf"
+    min_length: float = 0.0
+
+    def __post_init__(self):
+        require(self.min_length >= 0, f"{self.SECTION}.min_length", "a non-negative number of frames", self.min_length)
+
+
+@dataclass
 class ResampleConf:
     SECTION: ClassVar[str] = "dataset_conf.resample_conf"
     resample_rate: int = 16000  # Hz
@@ -179,6 +191,7 @@ class DatasetConf:
 
     data_type: Literal["raw", "shard"] = "raw"
     filter_conf: FilterConf = field(default_factory=FilterConf)
+    pad_conf: PadConf = field(default_factory=PadConf)
     resample_conf: ResampleConf = field(default_factory=ResampleConf)
     speed_perturb: bool = False
     speed_perturb_conf: SpeedPerturbConf = field(default_factory=SpeedPerturbConf)

@@ -88,6 +88,8 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
     samples = per_sample(samples, processor.tokenize, tokenizer=tokenizer, **args(conf.tokenize_conf))
     fbank = conf.fbank_conf if train else dataclasses.replace(conf.fbank_conf, dither=0.0)
     samples = per_sample(samples, processor.filter_sample, frame_shift=fbank.frame_shift, **args(conf.filter_conf))
+    if conf.pad_conf.min_length > 0:
+        samples = per_sample(samples, processor.pad_short, frame_shift=fbank.frame_shift, **args(conf.pad_conf))
     samples = per_sample(samples, processor.compute_fbank, rng=rng, **args(fbank))
     if train and conf.spec_aug:
         samples = per_sample(samples, processor.spec_aug, rng=rng, **args(conf.spec_aug_conf))
@@ -197,7 +199,8 @@ class AsrDataset(IterableDataset):
         self.frames: List[int] = []  # 10 ms frames per line, from the audio headers: what the batches are planned from
         if self.resumes_on_any_world_size:
             frames_per_s = 1000 / conf.fbank_conf.frame_shift
-            self.frames = [int(processor.audio_seconds(line) * frames_per_s) for line in lines]
+            self.frames = [max(int(processor.audio_seconds(line) * frames_per_s), int(conf.pad_conf.min_length))
+                           for line in lines]
 
     @property
     def resumes_on_any_world_size(self) -> bool:

@@ -193,6 +193,7 @@ def test_conf_rejects_unknown_keys():
     ({"filter_conf": {"max_length": float("nan")}}, "dataset_conf.filter_conf.max_length: expected a finite number"),
     ({"batch_conf": {"batch_size": True}}, "dataset_conf.batch_conf.batch_size: expected an integer, got True"),
     ({"speed_perturb_conf": {"speeds": []}}, "speeds must be a non-empty list"),
+    ({"pad_conf": {"min_length": -1}}, "dataset_conf.pad_conf.min_length must be a non-negative number of frames"),
     ({"batch_conf": "static"}, "dataset_conf.batch_conf must be a mapping"),
 ])
 def test_every_value_is_checked_for_its_type_and_range(given, message):
@@ -380,6 +381,27 @@ def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(d
             assert torch.equal(batch["feats"], reference[position]["feats"]), position
     next_epoch = epoch_batches(data_list, tokenizer, 1, 0, epoch=2, batch_conf=batch_conf)[0][0]
     assert next_epoch[0]["keys"] != alone[0]["keys"]  # reshuffled
+
+
+def test_short_utterances_are_padded_alike_in_every_mode_and_on_any_world_size(data_list, tokenizer):
+    # pad_conf.min_length 60: every tiny FSDD clip under 0.6 s becomes 0.6 s (58 fbank frames), in decoding as in
+    # training, with the same features whichever rank reads it; longer clips keep their length.
+    entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]]
+    seconds = {e["key"]: sf.info(e["wav"]).duration for e in entries}
+    conf = {"pad_conf": {"min_length": 60}, "sort": False, "dataloader_conf": {"num_workers": 0}}
+    feats = {}
+    for world_size in (1, 2):
+        for rank in range(world_size):
+            for batch in batches_of(data_list, tokenizer, conf, mode="test", rank=rank, world_size=world_size):
+                for key, feat, length in zip(batch["keys"], batch["feats"], batch["feats_lengths"].tolist()):
+                    expected = 58 if seconds[key] < 0.6 else 1 + (round(seconds[key] * 16000) - 400) // 160
+                    assert length == expected, key
+                    assert key not in feats or torch.equal(feats[key], feat[:length]), key
+                    feats[key] = feat[:length]
+    assert sorted(feats) == sorted(seconds) and sum(s < 0.6 for s in seconds.values()) > len(seconds) // 2
+    # Training plans its batches from the padded lengths.
+    trained = build_dataset(data_list, tokenizer, conf)
+    assert min(trained.frames) == 60 and max(trained.frames) == int(max(seconds.values()) * 100)
 
 
 def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_chunk(data_list, tokenizer,

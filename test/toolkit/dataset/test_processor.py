@@ -105,6 +105,33 @@ def test_speed_perturb_changes_length_by_factor():
     assert lengths == {91, 100, 111}
 
 
+def test_pad_short_centres_a_short_digit_in_keyed_near_silence():
+    # yweweler-6-01 ("SIX", 0.156 s): 13 fbank frames, 2 encoder frames at 40 ms for 3 letters: no CTC alignment.
+    sample = processor.read_audio({"key": "yweweler-6-01", "wav": str(FSDD_WAV / "yweweler-6-01.wav"), "txt": ""})
+    n = sample["waveform"].shape[0]
+    assert n == 2502
+    out = processor.pad_short(sample, frame_shift=10.0, min_length=50)
+    wave = out["waveform"]
+    assert wave.dtype == np.float32 and wave.shape == (8000,)
+    before = (8000 - n) // 2
+    assert before == 2749 and np.array_equal(wave[before:before + n], sample["waveform"])
+    noise = np.concatenate([wave[:before], wave[before + n:]]) * processor.INT16_SCALE
+    assert abs(noise.mean()) < 0.05 and abs(noise.std() - processor.PAD_NOISE_STD) < 0.03
+    # Keyed: the same padding on any rank or pass; another key, other noise.
+    assert np.array_equal(processor.pad_short(sample, 10.0, 50)["waveform"], wave)
+    other = processor.pad_short(dict(sample, key="other"), 10.0, 50)["waveform"]
+    assert not np.array_equal(other, wave) and np.array_equal(other[before:before + n], sample["waveform"])
+    # 48 frames, 11 at 40 ms; the padded frames sit at dither's level (log mel energy about 4.4), far above the
+    # log floor (-15.9) that digital zeros would give when decoding without dither.
+    feat = processor.compute_fbank(out, **FBANK)["feat"]
+    assert feat.shape == (48, 80)
+    assert 3.0 < feat[:14].mean() < 6.0 and 3.0 < feat[-14:].mean() < 6.0 and feat[18:28].mean() > 10.0
+    zeros = processor.compute_fbank(dict(sample, waveform=np.zeros(8000, np.float32)), **FBANK)["feat"]
+    assert zeros.mean() < -15
+    # Long enough already: returned as it is.
+    assert processor.pad_short(sample, frame_shift=10.0, min_length=15) is sample
+
+
 IMPORTS_THEN_FEATURES = """
 import importlib, json, random, sys
 import toolkit.bin.average_model, toolkit.bin.recognize, toolkit.bin.train
