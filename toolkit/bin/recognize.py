@@ -109,8 +109,8 @@ def test_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
 def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device: torch.device,
                  progress: JobProgress) -> RankResults:
     """Decode every batch of this rank's loader with all ``args.modes``; counts each utterance (decoded or
-    skipped) into ``progress``. A clip too short for a single encoder frame (under 7 fbank frames) decodes to the
-    empty hypothesis in every mode (``ASRModel.decode``); it is named and counted under ``no_encoder_frame``."""
+    skipped) into ``progress``. A clip too short for a single encoder frame (under 7 fbank frames, and not
+    padded by ``dataset_conf.pad_conf``) decodes to the empty hypothesis in every mode (``ASRModel.decode``); it is named and counted under ``no_encoder_frame``."""
     results = RankResults(hyps={mode: [] for mode in args.modes})
     skipped: Counter = Counter()
     for batch in loader:
@@ -127,6 +127,7 @@ def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device:
                 results.hyps[mode] += [tokenizer.detokenize(ids)[0] for ids in token_ids]
             results.keys += batch["keys"]
             results.num_frames += int(batch["feats_lengths"].sum())
+            results.padding_s += batch["padding_s"]
         progress.add(len(batch["keys"]) + sum(batch["num_skipped"].values()))
     results.skipped = dict(skipped)
     return results
@@ -256,7 +257,7 @@ def main(argv=None) -> None:
         raise ConfigError(f"--test_data {args.test_data}: not one utterance was decoded (of {len(listed)} listed; "
                           "the warnings above say why each was skipped); is it a data.list of this data_type?")
     scores = score_across_ranks(references, job.hyps, job.owner)
-    audio_s = job.num_frames * dataset_conf.fbank_conf.frame_shift_s
+    audio_s = job.num_frames * dataset_conf.fbank_conf.frame_shift_s - job.padding_s  # the real audio
     # 6. rank 0 writes the texts, the scores and the summary
     summary = summarize(args, job, listed, references, scores, audio_s, wall_s, progress)
     write_results(args.result_dir, references, job, scores, summary)

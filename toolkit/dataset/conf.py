@@ -208,6 +208,10 @@ class DatasetConf:
     batch_conf: BatchConf = field(default_factory=BatchConf)
     dataloader_conf: DataLoaderConf = field(default_factory=DataLoaderConf)
 
+    def __post_init__(self):
+        require(self.pad_conf.min_length <= self.filter_conf.max_length, f"{PadConf.SECTION}.min_length",
+                f"at most filter_conf.max_length ({self.filter_conf.max_length:g} frames)", self.pad_conf.min_length)
+
 
 def resolve_dataset_conf(given: DatasetConf | dict | None) -> DatasetConf:
     """The typed ``dataset_conf`` from the YAML's dict (None or partial: defaults fill the rest); a

@@ -14,6 +14,7 @@ decoding consume it)::
     feats_lengths:  int64 (B,)
     target:         int64 (B, L) token ids padded with IGNORE_ID (-1)
     target_lengths: int64 (B,)
+    padding_s:      float, seconds of ``feats`` that ``dataset_conf.pad_conf`` added (0.0 without it)
     num_skipped:    dict[str, int] utterances dropped since the previous batch of the same chunk, by reason
     position:       [chunk, index, last]: the chunk of the epoch the batch comes from, its index among the
                     chunk's batches, and whether it is the chunk's last (what a mid-epoch resume counts)

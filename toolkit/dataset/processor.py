@@ -269,16 +269,19 @@ def pad_short(sample: dict, frame_shift: float, min_length: float) -> dict:
     rank, worker or world size.
 
     Reads ``waveform`` (float32 ``(N,)``), ``sample_rate``, ``key``; writes ``waveform`` (float32
-    ``(max(N, round(min_length * frame_shift / 1000 * sample_rate)),)``).
+    ``(max(N, round(min_length * frame_shift / 1000 * sample_rate)),)``) and ``padding_s`` (seconds added, so that
+    decoding reports its real-time factor on the real audio).
     """
     waveform = sample["waveform"]
     missing = round(min_length * frame_shift / 1000.0 * sample["sample_rate"]) - waveform.shape[0]
     if missing <= 0:
         return sample
-    rng = np.random.default_rng(zlib.crc32(sample["key"].encode("utf-8")))
+    # NOTE: surrogatepass: a key may hold a lone surrogate (a JSON escape, or a shard member name that is not UTF-8).
+    rng = np.random.default_rng(zlib.crc32(sample["key"].encode("utf-8", "surrogatepass")))
     noise = rng.standard_normal(missing, dtype=np.float32) * np.float32(PAD_NOISE_STD / INT16_SCALE)
     before = missing // 2
-    return dict(sample, waveform=np.concatenate([noise[:before], waveform.astype(np.float32), noise[before:]]))
+    return dict(sample, waveform=np.concatenate([noise[:before], waveform.astype(np.float32), noise[before:]]),
+                padding_s=missing / sample["sample_rate"])
 
 
 @functools.lru_cache(maxsize=8)
@@ -449,14 +452,14 @@ def bucket_batch(samples: Iterable[dict], bucket_boundaries: List[int],
 def collate(samples: List[dict], num_skipped: Dict[str, int], num_mel_bins: int) -> dict:
     """Pad a list of samples into the batch dict (see :mod:`toolkit.dataset.pipeline`).
 
-    Reads ``key``, ``feat``, ``label``. ``feats`` is zero-padded, ``target`` padded with ``IGNORE_ID``; an
+    Reads ``key``, ``feat``, ``label`` (and ``padding_s`` where ``pad_short`` padded). ``feats`` is zero-padded, ``target`` padded with ``IGNORE_ID``; an
     empty list gives B=0 tensors of shape ``(0, 0, num_mel_bins)`` and ``(0, 0)``.
     """
     if not samples:
         no_lengths = torch.zeros(0, dtype=torch.int64)
         return {"keys": [], "feats": torch.zeros(0, 0, num_mel_bins), "feats_lengths": no_lengths,
                 "target": torch.zeros(0, 0, dtype=torch.int64), "target_lengths": no_lengths.clone(),
-                "num_skipped": num_skipped}
+                "padding_s": 0.0, "num_skipped": num_skipped}
     feats = [s["feat"] for s in samples]
     labels = [torch.tensor(s["label"], dtype=torch.int64) for s in samples]
     return {
@@ -465,6 +468,7 @@ def collate(samples: List[dict], num_skipped: Dict[str, int], num_mel_bins: int)
         "feats_lengths": torch.tensor([f.size(0) for f in feats], dtype=torch.int64),
         "target": pad_sequence(labels, batch_first=True, padding_value=IGNORE_ID),
         "target_lengths": torch.tensor([t.size(0) for t in labels], dtype=torch.int64),
+        "padding_s": sum(s.get("padding_s", 0.0) for s in samples),
         "num_skipped": num_skipped,
     }
 

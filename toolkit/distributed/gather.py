@@ -24,6 +24,7 @@ class RankResults:
         hyps: ``{mode: [hypothesis text per key]}``, each list aligned with ``keys``.
         skipped: utterances the data pipeline dropped on this rank, by reason.
         num_frames: fbank frames decoded (sum of the feature lengths; frames of 10 ms at the default shift).
+        padding_s: seconds of those frames that ``dataset_conf.pad_conf`` added (not audio).
         no_encoder_frame: decoded utterances too short for a single encoder frame (empty hypotheses).
     """
 
@@ -31,6 +32,7 @@ class RankResults:
     hyps: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
     num_frames: int = 0
+    padding_s: float = 0.0
     no_encoder_frame: int = 0
 
 
@@ -46,6 +48,7 @@ class JobResults:
             utterance was decoded exactly once).
         skipped: pipeline skips summed over ranks, by reason.
         num_frames: frames decoded by all ranks, repeats included (the work done).
+        padding_s: seconds of padding in them, summed over ranks.
         no_encoder_frame: utterances too short for a single encoder frame, summed over ranks.
     """
 
@@ -55,6 +58,7 @@ class JobResults:
     repeated: dict[str, int]
     skipped: dict[str, int]
     num_frames: int
+    padding_s: float
     no_encoder_frame: int
 
 
@@ -77,6 +81,7 @@ def merge_results(per_rank: list[RankResults]) -> JobResults:
     return JobResults(hyps=hyps, owner=owner, decoded_per_rank=[len(r.keys) for r in per_rank],
                       repeated=dict(repeated), skipped=dict(skipped),
                       num_frames=sum(r.num_frames for r in per_rank),
+                      padding_s=sum(r.padding_s for r in per_rank),
                       no_encoder_frame=sum(r.no_encoder_frame for r in per_rank))
 
 

@@ -194,6 +194,8 @@ def test_conf_rejects_unknown_keys():
     ({"batch_conf": {"batch_size": True}}, "dataset_conf.batch_conf.batch_size: expected an integer, got True"),
     ({"speed_perturb_conf": {"speeds": []}}, "speeds must be a non-empty list"),
     ({"pad_conf": {"min_length": -1}}, "dataset_conf.pad_conf.min_length must be a non-negative number of frames"),
+    ({"pad_conf": {"min_length": 2001}}, "dataset_conf.pad_conf.min_length must be at most filter_conf.max_length "
+                                         "(2000 frames), got 2001"),
     ({"batch_conf": "static"}, "dataset_conf.batch_conf must be a mapping"),
 ])
 def test_every_value_is_checked_for_its_type_and_range(given, message):
@@ -389,16 +391,18 @@ def test_short_utterances_are_padded_alike_in_every_mode_and_on_any_world_size(d
     entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]]
     seconds = {e["key"]: sf.info(e["wav"]).duration for e in entries}
     conf = {"pad_conf": {"min_length": 60}, "sort": False, "dataloader_conf": {"num_workers": 0}}
-    feats = {}
+    feats, padding_s = {}, 0.0
     for world_size in (1, 2):
         for rank in range(world_size):
             for batch in batches_of(data_list, tokenizer, conf, mode="test", rank=rank, world_size=world_size):
+                padding_s += batch["padding_s"] / 2  # each utterance decoded once per world size
                 for key, feat, length in zip(batch["keys"], batch["feats"], batch["feats_lengths"].tolist()):
                     expected = 58 if seconds[key] < 0.6 else 1 + (round(seconds[key] * 16000) - 400) // 160
                     assert length == expected, key
                     assert key not in feats or torch.equal(feats[key], feat[:length]), key
                     feats[key] = feat[:length]
     assert sorted(feats) == sorted(seconds) and sum(s < 0.6 for s in seconds.values()) > len(seconds) // 2
+    assert padding_s == pytest.approx(sum(0.6 - s for s in seconds.values() if s < 0.6), abs=1e-6)
     # Training plans its batches from the padded lengths.
     trained = build_dataset(data_list, tokenizer, conf)
     assert min(trained.frames) == 60 and max(trained.frames) == int(max(seconds.values()) * 100)

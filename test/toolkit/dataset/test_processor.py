@@ -115,12 +115,15 @@ def test_pad_short_centres_a_short_digit_in_keyed_near_silence():
     assert wave.dtype == np.float32 and wave.shape == (8000,)
     before = (8000 - n) // 2
     assert before == 2749 and np.array_equal(wave[before:before + n], sample["waveform"])
+    assert out["padding_s"] == (8000 - n) / 16000 and "padding_s" not in sample
     noise = np.concatenate([wave[:before], wave[before + n:]]) * processor.INT16_SCALE
     assert abs(noise.mean()) < 0.05 and abs(noise.std() - processor.PAD_NOISE_STD) < 0.03
     # Keyed: the same padding on any rank or pass; another key, other noise.
     assert np.array_equal(processor.pad_short(sample, 10.0, 50)["waveform"], wave)
     other = processor.pad_short(dict(sample, key="other"), 10.0, 50)["waveform"]
     assert not np.array_equal(other, wave) and np.array_equal(other[before:before + n], sample["waveform"])
+    # A key with a lone surrogate (a JSON escape, a shard member name that is not UTF-8) seeds its noise too.
+    assert processor.pad_short(dict(sample, key="odd\udcffkey"), 10.0, 50)["waveform"].shape == (8000,)
     # 48 frames, 11 at 40 ms; the padded frames sit at dither's level (log mel energy about 4.4), far above the
     # log floor (-15.9) that digital zeros would give when decoding without dither.
     feat = processor.compute_fbank(out, **FBANK)["feat"]
