@@ -110,7 +110,8 @@ def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device:
                  progress: JobProgress) -> RankResults:
     """Decode every batch of this rank's loader with all ``args.modes``; counts each utterance (decoded or
     skipped) into ``progress``. A clip too short for a single encoder frame (under 7 fbank frames, and not
-    padded by ``dataset_conf.pad_conf``) decodes to the empty hypothesis in every mode (``ASRModel.decode``); it is named and counted under ``no_encoder_frame``."""
+    padded by ``dataset_conf.pad_conf``) decodes to the empty hypothesis in every mode (``ASRModel.decode``); it is
+    named and counted under ``no_encoder_frame``."""
     results = RankResults(hyps={mode: [] for mode in args.modes})
     skipped: Counter = Counter()
     for batch in loader:

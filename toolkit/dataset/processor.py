@@ -280,7 +280,7 @@ def pad_short(sample: dict, frame_shift: float, min_length: float) -> dict:
     rng = np.random.default_rng(zlib.crc32(sample["key"].encode("utf-8", "surrogatepass")))
     noise = rng.standard_normal(missing, dtype=np.float32) * np.float32(PAD_NOISE_STD / INT16_SCALE)
     before = missing // 2
-    return dict(sample, waveform=np.concatenate([noise[:before], waveform.astype(np.float32), noise[before:]]),
+    return dict(sample, waveform=np.concatenate([noise[:before], waveform, noise[before:]]),
                 padding_s=missing / sample["sample_rate"])
 
 
@@ -452,8 +452,9 @@ def bucket_batch(samples: Iterable[dict], bucket_boundaries: List[int],
 def collate(samples: List[dict], num_skipped: Dict[str, int], num_mel_bins: int) -> dict:
     """Pad a list of samples into the batch dict (see :mod:`toolkit.dataset.pipeline`).
 
-    Reads ``key``, ``feat``, ``label`` (and ``padding_s`` where ``pad_short`` padded). ``feats`` is zero-padded, ``target`` padded with ``IGNORE_ID``; an
-    empty list gives B=0 tensors of shape ``(0, 0, num_mel_bins)`` and ``(0, 0)``.
+    Reads ``key``, ``feat``, ``label`` (and ``padding_s`` where ``pad_short`` padded). ``feats`` is zero-padded,
+    ``target`` padded with ``IGNORE_ID``; an empty list gives B=0 tensors of shape ``(0, 0, num_mel_bins)`` and
+    ``(0, 0)``.
     """
     if not samples:
         no_lengths = torch.zeros(0, dtype=torch.int64)
