@@ -404,7 +404,7 @@ class Executor:
         started, audio_before, utts_before = self._clock
         elapsed = time.perf_counter() - started
         parts = [f"epoch {progress.epoch}", f"step {progress.step}", f"loss {loss:.3f}"]
-        extra = {key: float(out[key].detach()) for key in ("loss_ctc", "loss_att", "th_accuracy")
+        extra = {key: float(out[key].detach()) for key in ("loss_ctc", "loss_att", "loss_interctc", "th_accuracy")
                  if out.get(key) is not None}
         parts += [f"{key} {value:.3f}" for key, value in extra.items()]
         throughput = (stats.audio_s - audio_before) / max(elapsed, 1e-9)

@@ -49,8 +49,8 @@ def init_model(conf, input_dim: int | None = None, vocab_size: int | None = None
         conf: a :class:`toolkit.config.Config`, or the config as a plain mapping (a loaded YAML), with
             ``encoder`` (conformer|transformer) and ``encoder_conf``, ``decoder`` (transformer) and ``decoder_conf``,
             ``ctc_conf`` (:class:`CTC` keywords: dropout_rate, upsample), ``model_conf`` (:class:`ASRModel`
-            keywords: ctc_weight, lsm_weight, length_normalized_loss), ``cmvn`` (``global_cmvn`` or None) and
-            ``cmvn_conf`` (``{cmvn_file}``).
+            keywords: ctc_weight, lsm_weight, length_normalized_loss, interctc_weight), ``cmvn`` (``global_cmvn``
+            or None) and ``cmvn_conf`` (``{cmvn_file}``).
         input_dim: D, the fbank bins of the features (default: the config's ``input_dim``).
         vocab_size: V, the symbol table's size, ``<sos/eos>`` = V - 1 (default: the config's ``output_dim``).
 

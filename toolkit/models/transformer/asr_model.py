@@ -45,7 +45,9 @@ def add_sos_eos(ys_pad: torch.Tensor, ys_lens: torch.Tensor, sos: int, eos: int,
 
 class ASRModel(nn.Module):
     """Encoder + CTC head + attention decoder, trained with
-    loss = ctc_weight * loss_ctc + (1 - ctc_weight) * loss_att.
+    loss = ctc_weight * loss_ctc + (1 - ctc_weight) * loss_att, where with intermediate CTC (Lee & Watanabe,
+    2021, arXiv:2102.03216) loss_ctc is (1 - interctc_weight) * the last layer's CTC loss + interctc_weight * the
+    mean CTC loss of the encoder layers ``encoder.interctc_layer_idx``, all through the one CTC head.
 
     Args:
         vocab_size: V; ``<sos/eos>`` = V - 1.
@@ -55,17 +57,28 @@ class ASRModel(nn.Module):
         ctc_weight: in [0, 1]; 1.0 skips the decoder loss, 0.0 skips the CTC loss.
         lsm_weight: label smoothing of the attention loss.
         length_normalized_loss: normalise the attention loss per token instead of per utterance.
+        interctc_weight: in [0, 1); > 0 needs ``ctc_weight`` > 0 and the layers in the encoder's
+            ``interctc_layer_idx`` (``encoder_conf``), which 0 must go without. Training only: decoding reads the
+            last layer.
 
     Raises:
-        ValueError: ``ctc_weight`` outside [0, 1].
+        ValueError: ``ctc_weight`` outside [0, 1], ``interctc_weight`` outside [0, 1), or ``interctc_weight``
+            and ``encoder.interctc_layer_idx`` not given together (or without a CTC branch).
     """
 
     def __init__(self, vocab_size: int, encoder: BaseEncoder, decoder: TransformerDecoder,
                  ctc: CTC, ctc_weight: float = 0.5, lsm_weight: float = 0.0,
-                 length_normalized_loss: bool = False):
+                 length_normalized_loss: bool = False, interctc_weight: float = 0.0):
         super().__init__()
         if not 0.0 <= ctc_weight <= 1.0:
             raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
+        if not 0.0 <= interctc_weight < 1.0:
+            raise ValueError(f"interctc_weight must be in [0, 1), got {interctc_weight}")
+        if (interctc_weight > 0.0) != bool(encoder.interctc_layer_idx) or (interctc_weight > 0.0 and ctc_weight == 0.0):
+            raise ValueError(f"intermediate CTC needs interctc_weight > 0, encoder_conf.interctc_layer_idx and "
+                             f"ctc_weight > 0 together; got interctc_weight {interctc_weight}, interctc_layer_idx "
+                             f"{encoder.interctc_layer_idx}, ctc_weight {ctc_weight}")
+        self.interctc_weight = interctc_weight
         self.vocab_size = vocab_size
         self.sos = vocab_size - 1
         self.eos = vocab_size - 1
@@ -107,11 +120,14 @@ class ASRModel(nn.Module):
 
         Returns:
             {"loss": scalar, mean over the utterances not excluded (0 when none is left),
-            "loss_ctc": scalar or None, "loss_att": scalar or None (same normalisation),
+            "loss_ctc": scalar or None, "loss_att": scalar or None, "loss_interctc": scalar (the mean over the
+            intermediate layers) or None without intermediate CTC (same normalisation for all three; "loss_ctc"
+            is the combined CTC term when there is one),
             "th_accuracy": float32 scalar (teacher-forced token accuracy, no grad) or None,
             "excluded": bool (B,), True for the utterances left out}.
         """
-        encoder_out, encoder_mask = self.encoder(feats, feats_lengths)
+        encoder_out, encoder_mask, intermediate = self.encoder.forward_layers(
+            feats, feats_lengths, self.encoder.interctc_layer_idx)
         encoder_lens = encoder_mask.squeeze(1).sum(dim=1)
         excluded = encoder_lens == 0
         if self.ctc_weight > 0.0:
@@ -120,12 +136,13 @@ class ASRModel(nn.Module):
         # get a gradient, stays the same, as DDP requires) but its target becomes empty.
         target = target.masked_fill(excluded.unsqueeze(1), IGNORE_ID)
         target_lengths = target_lengths.masked_fill(excluded, 0)
-        loss_ctc = loss_att = th_accuracy = None
+        loss_ctc = loss_att = th_accuracy = loss_interctc = None
         if self.ctc_weight > 0.0:
-            # An excluded row of 0 frames reads 1 (padding): its empty-target loss is finite, then weighted 0.
-            per_utt = self.ctc(encoder_out, encoder_lens.clamp(min=1), target, target_lengths)
-            kept = (~excluded).sum().clamp(min=1)
-            loss_ctc = per_utt.masked_fill(excluded, 0.0).sum() / kept
+            loss_ctc = self._ctc_loss(encoder_out, encoder_lens, target, target_lengths, excluded)
+            if intermediate:
+                loss_interctc = torch.stack([self._ctc_loss(x, encoder_lens, target, target_lengths, excluded)
+                                             for x in intermediate]).mean()
+                loss_ctc = (1.0 - self.interctc_weight) * loss_ctc + self.interctc_weight * loss_interctc
         if self.ctc_weight < 1.0:
             loss_att, th_accuracy = self._attention_loss(encoder_out, encoder_mask, target,
                                                          target_lengths, excluded)
@@ -135,8 +152,16 @@ class ASRModel(nn.Module):
             loss = loss_ctc
         else:
             loss = self.ctc_weight * loss_ctc + (1.0 - self.ctc_weight) * loss_att
-        return {"loss": loss, "loss_ctc": loss_ctc, "loss_att": loss_att,
+        return {"loss": loss, "loss_ctc": loss_ctc, "loss_att": loss_att, "loss_interctc": loss_interctc,
                 "th_accuracy": th_accuracy, "excluded": excluded}
+
+    def _ctc_loss(self, encoder_out: torch.Tensor, encoder_lens: torch.Tensor, target: torch.Tensor,
+                  target_lengths: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
+        """Mean CTC loss of the utterances not ``excluded`` (B,) (0 when none is left)."""
+        # An excluded row of 0 frames reads 1 (padding): its empty-target loss is finite, then weighted 0.
+        per_utt = self.ctc(encoder_out, encoder_lens.clamp(min=1), target, target_lengths)
+        kept = (~excluded).sum().clamp(min=1)
+        return per_utt.masked_fill(excluded, 0.0).sum() / kept
 
     def _attention_loss(self, encoder_out: torch.Tensor, encoder_mask: torch.Tensor,
                         target: torch.Tensor, target_lengths: torch.Tensor, excluded: torch.Tensor

@@ -3,6 +3,7 @@
 Transformer: Vaswani et al., 2017 (arXiv:1706.03762), with the speech front end of
 Dong et al., 2018 (Speech-Transformer). Conformer: Gulati et al., 2020 (arXiv:2005.08100).
 """
+from collections.abc import Sequence
 from typing import Optional, TypeVar
 
 import torch
@@ -51,14 +52,20 @@ class BaseEncoder(nn.Module):
         pos_enc_layer_type: ``"abs_pos"`` or ``"rel_pos"``.
         normalize_before: pre-norm layers (then a final LayerNorm is applied).
         global_cmvn: GlobalCMVN applied to the input, or None.
+        interctc_layer_idx: layers, numbered from 1 and below the last, whose outputs (through the final
+            LayerNorm) :meth:`forward_layers` also returns, for intermediate CTC (``model_conf.interctc_weight``;
+            Lee & Watanabe, 2021, "Intermediate Loss Regularization for CTC-based Speech Recognition",
+            arXiv:2102.03216). Empty: none.
 
     Raises:
-        ValueError: unknown ``input_layer`` or ``pos_enc_layer_type``.
+        ValueError: unknown ``input_layer`` or ``pos_enc_layer_type``; an ``interctc_layer_idx`` entry outside
+            1 .. num_blocks - 1 (checked when the subclass sets its layers).
     """
 
     def __init__(self, input_size: int, output_size: int, dropout_rate: float,
                  positional_dropout_rate: float, input_layer: str, pos_enc_layer_type: str,
-                 normalize_before: bool, global_cmvn: Optional[nn.Module], subsampling_channels: int = 0):
+                 normalize_before: bool, global_cmvn: Optional[nn.Module], subsampling_channels: int = 0,
+                 interctc_layer_idx: Sequence[int] = ()):
         super().__init__()
         rate = _choose("input_layer", input_layer, SUBSAMPLING_RATES)
         pos_enc = _choose("pos_enc_layer_type", pos_enc_layer_type, POS_ENCODINGS)
@@ -70,7 +77,16 @@ class BaseEncoder(nn.Module):
         # Post-norm layers already end in a LayerNorm.
         self.after_norm = nn.LayerNorm(output_size, eps=1e-12) if normalize_before else None
         self.encoders = nn.ModuleList()
+        self.interctc_layer_idx: list[int] = sorted(set(interctc_layer_idx))
         self.activation_checkpointing = False  # set by ASRModel.set_activation_checkpointing
+
+    def _set_layers(self, layers: list[nn.Module]) -> None:
+        """The subclass's layer stack, against which ``interctc_layer_idx`` is checked."""
+        bad = [i for i in self.interctc_layer_idx if not 1 <= i < len(layers)]
+        if bad:
+            raise ValueError(f"interctc_layer_idx {bad} outside 1 .. num_blocks - 1 = {len(layers) - 1} (layers "
+                             "numbered from 1; the last layer's output is the CTC head's input already)")
+        self.encoders = nn.ModuleList(layers)
 
     def extra_repr(self) -> str:
         return f"activation_checkpointing={self.activation_checkpointing}"
@@ -101,20 +117,35 @@ class BaseEncoder(nn.Module):
         Raises:
             RuntimeError: D differs from ``input_size``.
         """
+        xs, masks, _ = self.forward_layers(xs, xs_lens, [])
+        return xs, masks
+
+    def forward_layers(self, xs: torch.Tensor, xs_lens: torch.Tensor, layer_idx: list[int]
+                       ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """:meth:`forward`, and the outputs of the layers numbered (from 1) in ``layer_idx``, each through the
+        final LayerNorm as the last layer's is: float32 (B, T', output_size) each, in layer order (the
+        intermediate CTC of :class:`~toolkit.models.transformer.asr_model.ASRModel` reads
+        ``interctc_layer_idx``'s)."""
         masks = ~make_pad_mask(xs_lens, xs.size(1)).unsqueeze(1)
         if self.global_cmvn is not None:
             xs = self.global_cmvn(xs)
         xs, pos_emb, masks = self.embed(xs, masks)
-        for layer in self.encoders:
+        intermediate: list[torch.Tensor] = []
+        for i, layer in enumerate(self.encoders):
             # NOTE: TorchScript compiles only the else branch (is_scripting() is a constant there).
             if not torch.jit.is_scripting() and self.activation_checkpointing and self.training \
                     and torch.is_grad_enabled():
                 xs = checkpointed(layer, xs, masks, pos_emb, masks)
             else:
                 xs = layer(xs, masks, pos_emb, masks)
+            if i + 1 in layer_idx:
+                intermediate.append(self._final_norm(xs))
+        return self._final_norm(xs), masks, intermediate
+
+    def _final_norm(self, xs: torch.Tensor) -> torch.Tensor:
         if self.after_norm is not None:
             xs = self.after_norm(xs)
-        return xs, masks
+        return xs
 
 
 class TransformerEncoder(BaseEncoder):
@@ -128,7 +159,7 @@ class TransformerEncoder(BaseEncoder):
         Others: see :class:`BaseEncoder`.
 
     Raises:
-        ValueError: unknown layer/activation names, or rel_selfattn without rel_pos.
+        ValueError: unknown layer/activation names, rel_selfattn without rel_pos, or a bad ``interctc_layer_idx``.
     """
 
     def __init__(self, input_size: int, output_size: int = 256, attention_heads: int = 4,
@@ -137,12 +168,12 @@ class TransformerEncoder(BaseEncoder):
                  input_layer: str = "conv2d", normalize_before: bool = True,
                  pos_enc_layer_type: str = "abs_pos", selfattention_layer_type: str = "selfattn",
                  activation_type: str = "relu", subsampling_channels: int = 0,
-                 global_cmvn: Optional[nn.Module] = None):
-        super().__init__(input_size, output_size, dropout_rate, positional_dropout_rate,
-                         input_layer, pos_enc_layer_type, normalize_before, global_cmvn, subsampling_channels)
+                 global_cmvn: Optional[nn.Module] = None, interctc_layer_idx: Sequence[int] = ()):
+        super().__init__(input_size, output_size, dropout_rate, positional_dropout_rate, input_layer,
+                         pos_enc_layer_type, normalize_before, global_cmvn, subsampling_channels, interctc_layer_idx)
         attention = _attention_class(selfattention_layer_type, pos_enc_layer_type)
         activation = _choose("activation_type", activation_type, ACTIVATIONS)
-        self.encoders = nn.ModuleList([
+        self._set_layers([
             TransformerEncoderLayer(
                 output_size, attention(attention_heads, output_size, attention_dropout_rate),
                 PositionwiseFeedForward(output_size, linear_units, dropout_rate, activation()),
@@ -161,7 +192,7 @@ class ConformerEncoder(BaseEncoder):
         Others: see :class:`TransformerEncoder`.
 
     Raises:
-        ValueError: unknown names, rel_selfattn without rel_pos, or an even kernel.
+        ValueError: unknown names, rel_selfattn without rel_pos, an even kernel, or a bad ``interctc_layer_idx``.
     """
 
     def __init__(self, input_size: int, output_size: int = 256, attention_heads: int = 4,
@@ -172,16 +203,17 @@ class ConformerEncoder(BaseEncoder):
                  selfattention_layer_type: str = "rel_selfattn", activation_type: str = "swish",
                  macaron_style: bool = True, use_cnn_module: bool = True,
                  cnn_module_kernel: int = 15, cnn_module_norm: str = "batch_norm",
-                 subsampling_channels: int = 0, global_cmvn: Optional[nn.Module] = None):
-        super().__init__(input_size, output_size, dropout_rate, positional_dropout_rate,
-                         input_layer, pos_enc_layer_type, normalize_before, global_cmvn, subsampling_channels)
+                 subsampling_channels: int = 0, global_cmvn: Optional[nn.Module] = None,
+                 interctc_layer_idx: Sequence[int] = ()):
+        super().__init__(input_size, output_size, dropout_rate, positional_dropout_rate, input_layer,
+                         pos_enc_layer_type, normalize_before, global_cmvn, subsampling_channels, interctc_layer_idx)
         attention = _attention_class(selfattention_layer_type, pos_enc_layer_type)
         activation = _choose("activation_type", activation_type, ACTIVATIONS)
 
         def feed_forward() -> PositionwiseFeedForward:
             return PositionwiseFeedForward(output_size, linear_units, dropout_rate, activation())
 
-        self.encoders = nn.ModuleList([
+        self._set_layers([
             ConformerEncoderLayer(
                 output_size, attention(attention_heads, output_size, attention_dropout_rate),
                 feed_forward(), feed_forward() if macaron_style else None,

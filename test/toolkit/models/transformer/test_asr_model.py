@@ -6,21 +6,30 @@ from toolkit.config import Config
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, ASRModel, add_sos_eos
 from toolkit.utils.common import IGNORE_ID
+from toolkit.utils.config import ConfigError
 
 # Four different speakers and words; the shortest (0.33 s) still has 7 encoder frames for the
 # 5 tokens of THREE.
 KEYS = ["george-0-01", "jackson-1-00", "lucas-2-01", "nicolas-3-00"]
 
 
-def _model(vocab_size: int, ctc_weight: float, encoder: str = "conformer", ctc_upsample: int = 1) -> ASRModel:
-    encoder_conf = dict(output_size=64, attention_heads=2, linear_units=128, num_blocks=2,
+def _model(vocab_size: int, ctc_weight: float, encoder: str = "conformer", ctc_upsample: int = 1,
+           num_blocks: int = 2, **interctc) -> ASRModel:
+    """A small model; ``interctc``: ``interctc_layer_idx`` (to encoder_conf) and ``interctc_weight``
+    (to model_conf)."""
+    encoder_conf = dict(output_size=64, attention_heads=2, linear_units=128, num_blocks=num_blocks,
                         dropout_rate=0.0, positional_dropout_rate=0.0)
+    model_conf = dict(ctc_weight=ctc_weight, lsm_weight=0.1)
+    if "interctc_layer_idx" in interctc:
+        encoder_conf["interctc_layer_idx"] = interctc["interctc_layer_idx"]
+    if "interctc_weight" in interctc:
+        model_conf["interctc_weight"] = interctc["interctc_weight"]
     if encoder == "conformer":
         encoder_conf["cnn_module_kernel"] = 7
     config = Config(cmvn=None, encoder=encoder, encoder_conf=encoder_conf, decoder="transformer",
                     decoder_conf=dict(attention_heads=2, linear_units=128, num_blocks=1,
                                       dropout_rate=0.0, positional_dropout_rate=0.0),
-                    ctc_conf=dict(upsample=ctc_upsample), model_conf=dict(ctc_weight=ctc_weight, lsm_weight=0.1))
+                    ctc_conf=dict(upsample=ctc_upsample), model_conf=model_conf)
     return init_model(config, 80, vocab_size)
 
 
@@ -91,6 +100,56 @@ def test_extreme_ctc_weights_drop_one_branch(tiny_fsdd):
     att_only = _model(len(vocab), 0.0)(feats, lengths, target, target_lengths)
     assert att_only["loss_ctc"] is None
     assert torch.equal(att_only["loss"], att_only["loss_att"])
+
+
+@pytest.mark.parametrize("encoder", ["conformer", "transformer"])
+def test_intermediate_ctc_is_the_ctc_head_on_the_named_layers_outputs(tiny_fsdd, encoder):
+    feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
+    torch.manual_seed(0)
+    model = _model(len(vocab), 0.3, encoder, num_blocks=3, interctc_layer_idx=[2, 1], interctc_weight=0.4).eval()
+    out = model(feats, lengths, target, target_lengths)
+    out["loss"].backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():
+        # The layers' outputs recomputed here, layer by layer, each through the final LayerNorm.
+        encoder = model.encoder
+        masks = torch.arange(feats.size(1)).unsqueeze(0) < lengths.unsqueeze(1)
+        xs, pos_emb, masks = encoder.embed(feats, masks.unsqueeze(1))
+        outputs = []
+        for layer in encoder.encoders:
+            xs = layer(xs, masks, pos_emb, masks)
+            outputs.append(encoder.after_norm(xs))
+        encoder_lens = masks.squeeze(1).sum(dim=1)
+
+        def ctc(x: torch.Tensor) -> float:
+            log_probs = model.ctc.log_softmax(x).transpose(0, 1)
+            return float(F.ctc_loss(log_probs, target.clamp(min=0), encoder_lens, target_lengths,
+                                    reduction="none").double().mean())
+
+        last, inter = ctc(outputs[2]), (ctc(outputs[0]) + ctc(outputs[1])) / 2
+        # The eager forward without intermediate layers is the encoder's own: decoding is unchanged.
+        assert torch.equal(encoder(feats, lengths)[0], encoder.forward_layers(feats, lengths, [1, 2])[0])
+        assert torch.allclose(encoder(feats, lengths)[0], outputs[2], atol=1e-5)
+    assert abs(inter - last) > 0.01 * last  # the two kinds of term differ: the test can tell them apart
+    assert out["loss_interctc"].item() == pytest.approx(inter, rel=1e-5)
+    assert out["loss_ctc"].item() == pytest.approx(0.6 * last + 0.4 * inter, rel=1e-5)
+    assert out["loss"].item() == pytest.approx(0.3 * out["loss_ctc"].item() + 0.7 * out["loss_att"].item(),
+                                               rel=1e-6)
+    assert _model(len(vocab), 0.3)(feats, lengths, target, target_lengths)["loss_interctc"] is None
+
+
+@pytest.mark.parametrize("interctc, message", [
+    (dict(interctc_weight=0.3), "together"),  # a weight without layers
+    (dict(interctc_layer_idx=[1]), "together"),  # layers without a weight: they would be ignored
+    (dict(interctc_layer_idx=[2], interctc_weight=0.3), r"interctc_layer_idx \[2\] outside 1 .. num_blocks - 1"),
+    (dict(interctc_layer_idx=[0], interctc_weight=0.3), r"interctc_layer_idx \[0\] outside"),
+    (dict(interctc_layer_idx=[1], interctc_weight=1.0), r"interctc_weight must be in \[0, 1\)"),
+])
+def test_intermediate_ctc_settings_are_checked_naming_the_section(interctc, message):
+    with pytest.raises(ConfigError, match=message):
+        _model(10, 0.3, **interctc)
+    with pytest.raises(ConfigError, match="together"):  # no CTC branch to regularise
+        _model(10, 0.0, interctc_layer_idx=[1], interctc_weight=0.3)
 
 
 def test_unknown_decoding_method_lists_valid_ones(tiny_fsdd):
