@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Data pipeline throughput vs. what the default model's training step consumes, on the shipped real speech.
 
-1. Takes the first --num_utts/len(corpora) training utterances of each corpus, writes a raw data.list and the
-   same utterances as tar shards (tools/make_shard_list.py) in a temporary folder, twice: the source bytes
-   (--audio_format keep) and re-encoded as 16-bit FLAC.
+1. Takes the first --num_utts/len(corpora) training utterances of each corpus, writes in a temporary folder a raw
+   data.list of the source files, one of the same audio re-encoded as 16-bit FLAC files (the recipe's stage 3,
+   ``tools/make_raw_list.py --audio_format flac``), and the same utterances as tar shards
+   (``tools/make_shard_list.py``), twice: the source bytes (``--audio_format keep``) and 16-bit FLAC.
 2. Pipeline: one process, no loader workers, 1 torch thread (= one DataLoader worker), train mode with every
    processor on (decode, resample, speed perturb, fbank with dither, SpecAugment, shuffle, sort, batching);
    a warm-up pass fills the page cache, then raw and shard are timed.
@@ -29,7 +30,7 @@ import torch
 
 from toolkit.config import Config, read_config
 from toolkit.dataset import DatasetConf
-from toolkit.dataset.data_list import make_raw_list, write_raw_list
+from toolkit.dataset.data_list import make_raw_list, reencode_audio, write_raw_list
 from toolkit.dataset.pipeline import build_dataloader, build_dataset
 from toolkit.dataset.shard import make_shards, write_shard_list
 from toolkit.models.registry import init_model
@@ -37,7 +38,8 @@ from toolkit.text.tokenizer import CharTokenizer, text_to_char_units, write_symb
 
 
 def write_lists(corpus_dir: str, corpora: list, num_utts: int, work_dir: str) -> tuple:
-    """Data lists by name (raw, shard-keep, shard-flac) and the char symbol table of the chosen utterances."""
+    """Data lists by name (raw, raw-flac, shard-keep, shard-flac) and the char symbol table of the chosen
+    utterances."""
     entries = []
     for corpus in corpora:
         data = os.path.join(corpus_dir, corpus, "data", "train")
@@ -46,6 +48,8 @@ def write_lists(corpus_dir: str, corpora: list, num_utts: int, work_dir: str) ->
         entries += corpus_entries[:num_utts // len(corpora)]
     lists = {"raw": os.path.join(work_dir, "raw.list")}
     write_raw_list(entries, lists["raw"])
+    lists["raw-flac"] = os.path.join(work_dir, "raw-flac.list")
+    write_raw_list(reencode_audio(entries, os.path.join(work_dir, "raw-flac"), "flac", 2)[0], lists["raw-flac"])
     for audio_format in ("keep", "flac"):
         paths, _, _, _ = make_shards(entries, os.path.join(work_dir, audio_format), 50, 2, audio_format=audio_format)
         lists[f"shard-{audio_format}"] = os.path.join(work_dir, f"{audio_format}.list")

@@ -3,8 +3,9 @@
 step, and the model's FLOPs per frame against a matrix-multiply rate measured in the same run.
 
 1. Data (the package's own data preparation, as the recipe's stages 0-3 make it): the union of the training sets of
-   ``--corpora`` under ``--corpus_dir``, shuffled with ``--seed``; the first ``--num_utts`` make the training list,
-   the first ``--cv_utts`` of the dev sets the CV list; the char symbol table comes from all training transcripts
+   ``--corpora`` under ``--corpus_dir``, shuffled with ``--seed``; the first ``--num_utts`` make the training list
+   (their audio re-encoded once as 16-bit FLAC, as stage 3 does, unless ``--audio_format keep``), the first
+   ``--cv_utts`` of the dev sets the CV list; the char symbol table comes from all training transcripts
    (stage 2), the global CMVN from the chosen utterances (stage 1). Written once into ``--work_dir`` and reused
    while its ``data.json`` says the same selection.
 2. Training, once per entry of ``--nproc``: ``torchrun --standalone --nproc_per_node=N`` runs this script as a
@@ -65,6 +66,9 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num_utts", type=int, default=800, help="training utterances (shuffled union)")
     parser.add_argument("--cv_utts", type=int, default=16, help="CV utterances (the epoch's CV pass is not timed)")
     parser.add_argument("--seed", type=int, default=777, help="utterance selection seed")
+    parser.add_argument("--audio_format", choices=("keep", "flac", "wav"), default="flac",
+                        help="the training list's audio: the corpora's files as they are, or re-encoded once as "
+                             "16-bit FLAC/WAV (what the recipe's stage 3 does, --audio_format flac by default)")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps per run; 0: the whole epoch")
     parser.add_argument("--warmup", type=int, default=1, help="leading steps left out of the steady figures")
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="processes per run (one run each)")
@@ -102,7 +106,7 @@ def prepare_data(args: argparse.Namespace, work_dir: str) -> dict:
     """The data files of the selection (paths by name in ``DATA_FILES``), written unless already there."""
     from toolkit.config import read_config
     from toolkit.dataset.cmvn_stats import compute_stats
-    from toolkit.dataset.data_list import write_raw_list
+    from toolkit.dataset.data_list import reencode_audio, write_raw_list
     from toolkit.text.tokenizer import write_symbol_table
     from toolkit.text.units import collect_char_units
 
@@ -112,7 +116,7 @@ def prepare_data(args: argparse.Namespace, work_dir: str) -> dict:
     fbank = {"num_mel_bins": conf.fbank_conf.num_mel_bins, "frame_length": conf.fbank_conf.frame_length,
              "frame_shift": conf.fbank_conf.frame_shift}
     selection = {"corpus_dir": os.path.abspath(args.corpus_dir), "corpora": args.corpora, "num_utts": args.num_utts,
-                 "cv_utts": args.cv_utts, "seed": args.seed, "cmvn_fbank": fbank,
+                 "cv_utts": args.cv_utts, "seed": args.seed, "audio_format": args.audio_format, "cmvn_fbank": fbank,
                  "resample_rate": conf.resample_conf.resample_rate}
     manifest = os.path.join(work_dir, "data.json")
     if os.path.exists(manifest) and all(map(os.path.exists, paths.values())):
@@ -128,11 +132,16 @@ def prepare_data(args: argparse.Namespace, work_dir: str) -> dict:
         f.writelines(f"{e['key']} {e['txt']}\n" for e in train)
     write_symbol_table(collect_char_units(text), paths["units.txt"])
     random.Random(args.seed).shuffle(train)
-    write_raw_list(train[:args.num_utts], paths["train.list"])
+    train = train[:args.num_utts]
+    if args.audio_format != "keep":
+        train, _, skipped_audio = reencode_audio(train, os.path.join(work_dir, "audio"), args.audio_format, 2)
+        if skipped_audio:
+            raise SystemExit(f"unreadable training audio: {skipped_audio[:3]}")
+    write_raw_list(train, paths["train.list"])
     cv = _corpus_entries(args.corpus_dir, args.corpora, "dev")
     random.Random(args.seed).shuffle(cv)
     write_raw_list(cv[:args.cv_utts], paths["cv.list"])
-    stats, skipped = compute_stats(train[:args.num_utts], fbank, conf.resample_conf.resample_rate, 1)
+    stats, skipped = compute_stats(train, fbank, conf.resample_conf.resample_rate, 1)
     if skipped:
         print(f"CMVN: skipped {dict(skipped)}", file=sys.stderr)
     with open(paths["global_cmvn"], "w", encoding="utf-8") as f:

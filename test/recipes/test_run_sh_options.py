@@ -22,6 +22,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                                                  "'warmupcosinelr']"),
     (["--overrides", "scheduler_conf {warmup_steps: 2.5}"], "scheduler_conf: warmup_steps must be an integer"),
     (["--overrides", "optim_conf {lr: -1.0}"], "optim_conf: Invalid learning rate: -1.0"),
+    (["--audio_format", "mp3"], "--audio_format must be keep, flac or wav, got 'mp3'"),
+    (["--list_workers", "0"], "--list_workers must be a positive integer, got '0'"),
     (["--data_type", "shard", "--overrides", "scheduler warmupcosinelr"],
      "scheduler_conf.max_steps: warmupcosinelr needs the run's optimizer steps"),
     (["--stage", "4", "--stop_stage", "4", "--overrides", "train_conf.max_epoch x"], "train_conf.max_epoch"),

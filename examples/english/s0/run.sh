@@ -34,8 +34,9 @@ nbpe=300
 bpe_mode=unigram                     # unigram | bpe
 data_type=raw                        # raw | shard: data.list of utterances, or of tar shards (data/<set>/shards/)
 num_utts_per_shard=200
-shard_audio_format=flac              # keep | flac | wav: flac decodes faster than the corpora's Ogg Opus
-shard_workers=2
+audio_format=flac                    # keep | flac | wav: stage 3 stores the audio as 16-bit FLAC (raw: data/<set>/audio/,
+                                     # shards: inside the tars), which decodes about twice as fast as Ogg Opus
+list_workers=2                       # stage 3: processes re-encoding audio or writing shards
 nproc_per_node=                      # default: number of GPUs, else 2 CPU processes (gloo)
 num_nodes=1
 HOST_NODE_ADDR=localhost:29400       # rendezvous host:port of node 0 when num_nodes > 1
@@ -67,7 +68,7 @@ die() { echo "$0: $*" >&2; exit 1; }
   die "bad stage range $stage..$stop_stage: stages are -1..5 and --stage must not exceed --stop_stage"
 case $token_type in char|bpe) ;; *) die "--token_type must be char or bpe, got '$token_type'";; esac
 [[ $average_num =~ ^[0-9]+$ ]] || die "--average_num must be a non-negative integer, got '$average_num'"
-for opt in beam_size decode_batch_size num_utts_per_shard shard_workers cmvn_workers; do
+for opt in beam_size decode_batch_size num_utts_per_shard list_workers cmvn_workers; do
   [[ ${!opt} =~ ^[1-9][0-9]*$ ]] || die "--$opt must be a positive integer, got '${!opt}'"
 done
 [[ $decode_threads =~ ^[0-9]+$ ]] || die "--decode_threads must be a non-negative integer, got '$decode_threads'"
@@ -80,6 +81,7 @@ done
 [[ $oov_penalty == -* || ! $oov_penalty =~ [1-9] ]] || die "--oov_penalty must be <= 0, got '$oov_penalty'"
 [ -n "${corpora// }" ] || die "--corpora is empty"
 case $data_type in raw|shard) ;; *) die "--data_type must be raw or shard, got '$data_type'";; esac
+case $audio_format in keep|flac|wav) ;; *) die "--audio_format must be keep, flac or wav, got '$audio_format'";; esac
 case $decode_sets in test|dev) ;; *) die "--decode_sets must be test or dev, got '$decode_sets'";; esac
 [ -f "$train_config" ] || die "--train_config $train_config does not exist"
 [[ $max_restarts =~ ^[0-9]+$ && $rdzv_timeout_s =~ ^[1-9][0-9]*$ ]] ||
@@ -205,11 +207,12 @@ if (( stage <= 3 && stop_stage >= 3 )); then
   echo "stage 3: $data_type data.list"
   for x in train dev $(eval_sets dev) $(eval_sets test); do
     if [ "$data_type" = raw ]; then
-      python tools/make_raw_list.py "$data/$x/wav.scp" "$data/$x/text" "$data/$x/data.list"
+      python tools/make_raw_list.py --audio_format "$audio_format" --audio_dir "$data/$x/audio" \
+        --num_workers "$list_workers" "$data/$x/wav.scp" "$data/$x/text" "$data/$x/data.list"
     else
       python tools/make_raw_list.py "$data/$x/wav.scp" "$data/$x/text" "$data/$x/raw.list"
-      python tools/make_shard_list.py --num_utts_per_shard "$num_utts_per_shard" --num_workers "$shard_workers" \
-        --audio_format "$shard_audio_format" "$data/$x/raw.list" "$data/$x/shards" "$data/$x/data.list"
+      python tools/make_shard_list.py --num_utts_per_shard "$num_utts_per_shard" --num_workers "$list_workers" \
+        --audio_format "$audio_format" "$data/$x/raw.list" "$data/$x/shards" "$data/$x/data.list"
     fi
   done
 fi
