@@ -5,14 +5,13 @@ same lines (:func:`toolkit.dataset.processor.parse_raw`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Iterable, List, Optional, Tuple
 
 from toolkit.dataset.processor import SkipSample, parse_raw
-from toolkit.dataset.shard import encode_audio
+from toolkit.dataset.shard import clear_stale_outputs, encode_audio
 from toolkit.utils.kaldi_files import read_table
 
 
@@ -114,15 +113,7 @@ def reencode_audio(entries: List[dict], audio_dir: str, audio_format: str,
         if "/" in entry["key"] or entry["key"].startswith("."):
             raise ValueError(f"key {entry['key']!r} cannot name a file in {audio_dir}")
     os.makedirs(audio_dir, exist_ok=True)
-    fingerprint_path = os.path.join(audio_dir, "audio.fingerprint")
-    fingerprint = hashlib.sha256(json.dumps([entries, audio_format], sort_keys=True).encode("utf-8")).hexdigest()
-    old = open(fingerprint_path, encoding="utf-8").read().strip() if os.path.isfile(fingerprint_path) else None
-    if old != fingerprint:
-        for name in os.listdir(audio_dir):
-            if name.endswith((".flac", ".wav", ".tmp")):
-                os.remove(os.path.join(audio_dir, name))
-        with open(fingerprint_path, "w", encoding="utf-8") as f:
-            f.write(fingerprint + "\n")
+    clear_stale_outputs(audio_dir, "audio", ("*.flac", "*.wav", "*.tmp"), [entries, audio_format])
     audio_dir = os.path.abspath(audio_dir)
     jobs = [(entry, audio_format, os.path.join(audio_dir, f"{entry['key']}.{audio_format}")) for entry in entries]
     reused = sum(os.path.isfile(path) for _, _, path in jobs)

@@ -314,16 +314,20 @@ def read_shards(shard_lines: Iterable[str], num_skipped: Counter) -> Iterator[di
         yield from _read_shard(line, num_skipped)
 
 
-def _clear_stale_shards(shard_dir: str, prefix: str, fingerprint: str) -> None:
-    """Delete ``prefix`` shards written from other entries or settings, then record ``fingerprint``."""
-    path = os.path.join(shard_dir, f"{prefix}.fingerprint")
+def clear_stale_outputs(folder: str, name: str, stale_patterns: Tuple[str, ...], settings: object) -> None:
+    """Make ``folder`` resumable without mixing inputs: ``<folder>/<name>.fingerprint`` records a hash of
+    ``settings`` (JSON-serialisable: the entries and options the outputs are made from); when it differs from the
+    recorded one, every file matching one of ``stale_patterns`` (globs in ``folder``) is deleted first, then the new
+    hash is recorded. Outputs that are already there are kept otherwise."""
+    path = os.path.join(folder, f"{name}.fingerprint")
+    fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             if f.read().strip() == fingerprint:
                 return
-    stale = glob.glob(os.path.join(glob.escape(shard_dir), f"{glob.escape(prefix)}_*.tar*"))
+    stale = [old for pattern in stale_patterns for old in glob.glob(os.path.join(glob.escape(folder), pattern))]
     if stale:
-        logger.warning("%s: input or settings changed, deleting %d old %s shards", shard_dir, len(stale), prefix)
+        logger.warning("%s: input or settings changed, deleting %d old %s files", folder, len(stale), name)
     for old in stale:
         os.remove(old)
     with open(path, "w", encoding="utf-8") as f:
@@ -356,8 +360,8 @@ def make_shards(entries: List[dict], shard_dir: str, num_utts_per_shard: int, nu
     if num_utts_per_shard < 1 or num_workers < 1:
         raise ValueError(f"need num_utts_per_shard >= 1 and num_workers >= 1, got {num_utts_per_shard}, {num_workers}")
     os.makedirs(shard_dir, exist_ok=True)
-    settings = json.dumps([entries, num_utts_per_shard, audio_format], sort_keys=True)
-    _clear_stale_shards(shard_dir, prefix, hashlib.sha256(settings.encode("utf-8")).hexdigest())
+    clear_stale_outputs(shard_dir, prefix, (f"{glob.escape(prefix)}_*.tar*",),
+                        [entries, num_utts_per_shard, audio_format])
     chunks = [entries[i:i + num_utts_per_shard] for i in range(0, len(entries), num_utts_per_shard)]
     paths = [os.path.abspath(os.path.join(shard_dir, f"{prefix}_{i:06d}.tar")) for i in range(len(chunks))]
     jobs = [(chunk, path, audio_format) for chunk, path in zip(chunks, paths) if not os.path.isfile(path)]
