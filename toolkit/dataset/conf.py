@@ -112,16 +112,19 @@ class FbankConf:
 
 @dataclass
 class SpecAugConf:
-    """SpecAugment masks (Park et al., Interspeech 2019), without time warping."""
+    """SpecAugment masks (Park et al., Interspeech 2019), without time warping, in training epochs ``start_epoch``
+    on (counted from 0, as ``epoch_N.pt``): a short run can learn the clean features first and be regularised in
+    its later epochs only."""
 
     SECTION: ClassVar[str] = "dataset_conf.spec_aug_conf"
     num_t_mask: int = 2
     num_f_mask: int = 2
     max_t: int = 50  # frames
     max_f: int = 10  # mel bins
+    start_epoch: int = 0
 
     def __post_init__(self):
-        for name in ("num_t_mask", "num_f_mask"):
+        for name in ("num_t_mask", "num_f_mask", "start_epoch"):
             require(getattr(self, name) >= 0, f"{self.SECTION}.{name}", "a non-negative integer", getattr(self, name))
         for name in ("max_t", "max_f"):
             require(getattr(self, name) >= 1, f"{self.SECTION}.{name}", "an integer >= 1", getattr(self, name))

@@ -61,8 +61,9 @@ logger = logging.getLogger(__name__)
 MODES = ("train", "cv", "test")
 
 
-def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, rng: random.Random) -> Iterator[dict]:
-    """Chain every step over this worker's lines, reading ``conf`` top to bottom."""
+def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, rng: random.Random,
+                    epoch: int) -> Iterator[dict]:
+    """Chain every step of ``epoch`` over this worker's lines, reading ``conf`` top to bottom."""
     train = mode == "train"
     num_skipped: Counter = Counter()
 
@@ -92,8 +93,9 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
     if conf.pad_conf.min_length > 0:
         samples = per_sample(samples, processor.pad_short, frame_shift=fbank.frame_shift, **args(conf.pad_conf))
     samples = per_sample(samples, processor.compute_fbank, rng=rng, **args(fbank))
-    if train and conf.spec_aug:
-        samples = per_sample(samples, processor.spec_aug, rng=rng, **args(conf.spec_aug_conf))
+    if train and conf.spec_aug and epoch >= conf.spec_aug_conf.start_epoch:
+        masks = {k: v for k, v in args(conf.spec_aug_conf).items() if k != "start_epoch"}
+        samples = per_sample(samples, processor.spec_aug, rng=rng, **masks)
     if conf.sort:
         samples = processor.sort(samples, **args(conf.sort_conf))
     batch = conf.batch_conf
@@ -275,7 +277,8 @@ class AsrDataset(IterableDataset):
             yield from ({"replayed": True} for _ in range(num_consumed))
             return
         rng = random.Random(f"{self.seed}:{epoch}:{chunk}")
-        batches = _build_pipeline([self.lines[i] for i in lines], self.tokenizer, self.conf, self.mode, rng)
+        batches = _build_pipeline([self.lines[i] for i in lines], self.tokenizer, self.conf, self.mode, rng,
+                                  epoch)
         for index, (batch, last) in enumerate(_with_last(batches)):
             yield {"replayed": True} if index < num_consumed else dict(batch, position=[chunk, index, last])
 

@@ -115,6 +115,24 @@ def test_cv_mode_is_deterministic_without_augmentation(tmp_path, tokenizer):
     assert first["target_lengths"].tolist() == [len(e["txt"]) for e in entries]
 
 
+def test_spec_aug_masks_training_features_from_its_start_epoch_on(tmp_path, tokenizer):
+    # Real speech has no fbank value of exactly 0 (dither off here), so a band of zeros inside an utterance's
+    # frames is a SpecAugment mask: none in epochs before start_epoch, some in every utterance from it on.
+    entries = kaldi_entries(LJ, "dev")
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"sort": False, "shuffle": False, "fbank_conf": {"dither": 0.0}, "dataloader_conf": {"num_workers": 0},
+            "spec_aug": True, "spec_aug_conf": {"num_t_mask": 1, "num_f_mask": 1, "max_t": 20, "max_f": 10,
+                                                "start_epoch": 2}}
+    dataset = build_dataset(data_list, tokenizer, conf, mode="train")
+    masked = []
+    for epoch in range(4):
+        dataset.set_epoch(epoch)
+        (batch,) = list(build_dataloader(dataset))
+        masked.append([bool((feat[:length] == 0).any()) for feat, length in zip(batch["feats"],
+                                                                                 batch["feats_lengths"])])
+    assert masked == [[False] * len(entries)] * 2 + [[True] * len(entries)] * 2
+
+
 def test_every_bad_input_is_skipped_named_and_counted(tmp_path, tokenizer, caplog):
     good = [e for e in kaldi_entries(FSDD, "test") if "Z" not in e["txt"]][:3]
     lj_long = kaldi_entries(LJ, "train")[0]  # 9.7 s, over max_length below
@@ -197,6 +215,7 @@ def test_conf_rejects_unknown_keys():
     ({"pad_conf": {"min_length": 2001}}, "dataset_conf.pad_conf.min_length must be at most filter_conf.max_length "
                                          "(2000 frames), got 2001"),
     ({"batch_conf": "static"}, "dataset_conf.batch_conf must be a mapping"),
+    ({"spec_aug_conf": {"start_epoch": -1}}, "dataset_conf.spec_aug_conf.start_epoch must be a non-negative integer"),
 ])
 def test_every_value_is_checked_for_its_type_and_range(given, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
