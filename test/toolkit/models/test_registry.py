@@ -93,6 +93,15 @@ def test_ctc_conf_builds_the_ctc_head_and_refuses_what_it_does_not_take():
         init_model(_config(ctc_conf={"upsample": 0}), 80, 30)
 
 
+def test_encoder_conf_sets_the_time_reduction_and_a_bad_pair_is_a_config_error():
+    encoder_conf = dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=3, time_reduce_idx=1,
+                        time_recover_idx=3)
+    model = init_model(_config(encoder_conf=encoder_conf), 80, 30)
+    assert model.encoder.time_reduction.depthwise.stride == (2,) and model.encoder.time_recover_idx == 3
+    with pytest.raises(ConfigError, match=r"^encoder_conf: time_reduce_idx 1 and time_recover_idx 4: need 1 <= "):
+        init_model(_config(encoder_conf=dict(encoder_conf, time_recover_idx=4)), 80, 30)
+
+
 def test_scripted_encoder_and_decoder_with_cmvn_match_eager(tmp_path, tiny_fsdd):
     path = tmp_path / "global_cmvn"
     path.write_text(json.dumps({"mean_stat": [30.0] * 80, "var_stat": [500.0] * 80,

@@ -1,7 +1,8 @@
 """Transformer and Conformer encoders sharing one front end and one forward pass.
 
 Transformer: Vaswani et al., 2017 (arXiv:1706.03762), with the speech front end of
-Dong et al., 2018 (Speech-Transformer). Conformer: Gulati et al., 2020 (arXiv:2005.08100).
+Dong et al., 2018 (Speech-Transformer). Conformer: Gulati et al., 2020 (arXiv:2005.08100). Optional
+temporal U-Net of Squeezeformer (Kim et al., 2022, arXiv:2206.00888): the middle blocks at half the frame rate.
 """
 from collections.abc import Sequence
 from typing import Optional, TypeVar
@@ -35,6 +36,53 @@ def _choose(kind: str, name: str, table: dict[str, T]) -> T:
     return table[name]
 
 
+class TimeReduction(nn.Module):
+    """Halve the frame rate between two encoder blocks: a depthwise convolution (kernel 5, stride 2) over the
+    zeroed-out padding, then a pointwise linear layer (Squeezeformer's time reduction, arXiv:2206.00888).
+
+    Args:
+        size: feature size D.
+    """
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.depthwise = nn.Conv1d(size, size, kernel_size=5, stride=2, padding=2, groups=size)
+        self.pointwise = nn.Linear(size, size)
+
+    def forward(self, xs: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 (B, T, D) and bool (B, 1, T) -> (B, ceil(T / 2), D) and (B, 1, ceil(T / 2)): output frame j
+        is centred on input frame 2j, so an utterance of L valid frames keeps ceil(L / 2)."""
+        xs = xs.masked_fill(~masks.transpose(1, 2), 0.0)
+        xs = self.depthwise(xs.transpose(1, 2)).transpose(1, 2)
+        return self.pointwise(xs), masks[:, :, ::2]
+
+
+class TimeRecovery(nn.Module):
+    """Restore the frame rate of :class:`TimeReduction`: each reduced frame, through a linear layer, is repeated
+    twice and added to the frames that entered the reduction (the U-Net's skip connection).
+
+    Args:
+        size: feature size D.
+    """
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.linear = nn.Linear(size, size)
+
+    def forward(self, xs: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        """float32 (B, T', D) at the reduced rate and (B, T, D), T' = ceil(T / 2) -> (B, T, D)."""
+        return skip + self.linear(xs).repeat_interleave(2, dim=1)[:, :skip.size(1)]
+
+
+def _shorter_pos_emb(pos_emb: torch.Tensor, time: int, reduced: int) -> torch.Tensor:
+    """The positional encoding of ``reduced`` frames cut from that of ``time``: relative (1, 2 time - 1, D), the
+    distances time - 1 .. -(time - 1), keeps reduced - 1 .. -(reduced - 1); absolute (1, time, D) its first
+    ``reduced``. A distance then counts reduced frames (80 ms after a 40 ms front end), as in Squeezeformer."""
+    if pos_emb.size(1) == 2 * time - 1:
+        return pos_emb[:, time - reduced:time + reduced - 1]
+    return pos_emb[:, :reduced]
+
+
 class BaseEncoder(nn.Module):
     """Optional global CMVN, Conv2dSubsampling, a stack of encoder layers, final LayerNorm.
 
@@ -56,16 +104,22 @@ class BaseEncoder(nn.Module):
             LayerNorm) :meth:`forward_layers` also returns, for intermediate CTC (``model_conf.interctc_weight``;
             Lee & Watanabe, 2021, "Intermediate Loss Regularization for CTC-based Speech Recognition",
             arXiv:2102.03216). Empty: none.
+        time_reduce_idx, time_recover_idx: Squeezeformer's temporal U-Net (arXiv:2206.00888): after layer
+            ``time_reduce_idx`` (numbered from 1) the frame rate halves (:class:`TimeReduction`), after layer
+            ``time_recover_idx`` it is restored (:class:`TimeRecovery`), so the layers between run on half the
+            frames (80 ms after conv2d) and the output keeps the front end's rate. 0 and 0: off.
 
     Raises:
         ValueError: unknown ``input_layer`` or ``pos_enc_layer_type``; an ``interctc_layer_idx`` entry outside
-            1 .. num_blocks - 1 (checked when the subclass sets its layers).
+            1 .. num_blocks - 1 or between the reduction and the recovery (its frames would not be the output's);
+            not 1 <= ``time_reduce_idx`` < ``time_recover_idx`` <= num_blocks unless both are 0 (checked when the
+            subclass sets its layers).
     """
 
     def __init__(self, input_size: int, output_size: int, dropout_rate: float,
                  positional_dropout_rate: float, input_layer: str, pos_enc_layer_type: str,
                  normalize_before: bool, global_cmvn: Optional[nn.Module], subsampling_channels: int = 0,
-                 interctc_layer_idx: Sequence[int] = ()):
+                 interctc_layer_idx: Sequence[int] = (), time_reduce_idx: int = 0, time_recover_idx: int = 0):
         super().__init__()
         rate = _choose("input_layer", input_layer, SUBSAMPLING_RATES)
         pos_enc = _choose("pos_enc_layer_type", pos_enc_layer_type, POS_ENCODINGS)
@@ -78,14 +132,26 @@ class BaseEncoder(nn.Module):
         self.after_norm = nn.LayerNorm(output_size, eps=1e-12) if normalize_before else None
         self.encoders = nn.ModuleList()
         self.interctc_layer_idx: list[int] = sorted(set(interctc_layer_idx))
+        self.time_reduce_idx, self.time_recover_idx = time_reduce_idx, time_recover_idx
+        self.time_reduction = TimeReduction(output_size) if time_reduce_idx else None
+        self.time_recovery = TimeRecovery(output_size) if time_reduce_idx else None
         self.activation_checkpointing = False  # set by ASRModel.set_activation_checkpointing
 
     def _set_layers(self, layers: list[nn.Module]) -> None:
-        """The subclass's layer stack, against which ``interctc_layer_idx`` is checked."""
+        """The subclass's layer stack, against which ``interctc_layer_idx`` and the U-Net's layers are checked."""
         bad = [i for i in self.interctc_layer_idx if not 1 <= i < len(layers)]
         if bad:
             raise ValueError(f"interctc_layer_idx {bad} outside 1 .. num_blocks - 1 = {len(layers) - 1} (layers "
                              "numbered from 1; the last layer's output is the CTC head's input already)")
+        reduce, recover = self.time_reduce_idx, self.time_recover_idx
+        if (reduce, recover) != (0, 0):
+            if not 1 <= reduce < recover <= len(layers):
+                raise ValueError(f"time_reduce_idx {reduce} and time_recover_idx {recover}: need 1 <= "
+                                 f"time_reduce_idx < time_recover_idx <= num_blocks = {len(layers)}, or both 0")
+            halved = [i for i in self.interctc_layer_idx if reduce < i < recover]
+            if halved:
+                raise ValueError(f"interctc_layer_idx {halved} between time_reduce_idx {reduce} and "
+                                 f"time_recover_idx {recover}: those layers run at half the frame rate")
         self.encoders = nn.ModuleList(layers)
 
     def extra_repr(self) -> str:
@@ -131,6 +197,7 @@ class BaseEncoder(nn.Module):
             xs = self.global_cmvn(xs)
         xs, pos_emb, masks = self.embed(xs, masks)
         intermediate: list[torch.Tensor] = []
+        skip, skip_masks, skip_pos_emb = xs, masks, pos_emb  # what enters the time reduction
         for i, layer in enumerate(self.encoders):
             # NOTE: TorchScript compiles only the else branch (is_scripting() is a constant there).
             if not torch.jit.is_scripting() and self.activation_checkpointing and self.training \
@@ -138,8 +205,14 @@ class BaseEncoder(nn.Module):
                 xs = checkpointed(layer, xs, masks, pos_emb, masks)
             else:
                 xs = layer(xs, masks, pos_emb, masks)
+            if self.time_recovery is not None and i + 1 == self.time_recover_idx:
+                xs, masks, pos_emb = self.time_recovery(xs, skip), skip_masks, skip_pos_emb
             if i + 1 in layer_idx:
                 intermediate.append(self._final_norm(xs))
+            if self.time_reduction is not None and i + 1 == self.time_reduce_idx:
+                skip, skip_masks, skip_pos_emb = xs, masks, pos_emb
+                xs, masks = self.time_reduction(xs, masks)
+                pos_emb = _shorter_pos_emb(pos_emb, skip.size(1), xs.size(1))
         return self._final_norm(xs), masks, intermediate
 
     def _final_norm(self, xs: torch.Tensor) -> torch.Tensor:
@@ -168,9 +241,11 @@ class TransformerEncoder(BaseEncoder):
                  input_layer: str = "conv2d", normalize_before: bool = True,
                  pos_enc_layer_type: str = "abs_pos", selfattention_layer_type: str = "selfattn",
                  activation_type: str = "relu", subsampling_channels: int = 0,
-                 global_cmvn: Optional[nn.Module] = None, interctc_layer_idx: Sequence[int] = ()):
+                 global_cmvn: Optional[nn.Module] = None, interctc_layer_idx: Sequence[int] = (),
+                 time_reduce_idx: int = 0, time_recover_idx: int = 0):
         super().__init__(input_size, output_size, dropout_rate, positional_dropout_rate, input_layer,
-                         pos_enc_layer_type, normalize_before, global_cmvn, subsampling_channels, interctc_layer_idx)
+                         pos_enc_layer_type, normalize_before, global_cmvn, subsampling_channels, interctc_layer_idx,
+                         time_reduce_idx, time_recover_idx)
         attention = _attention_class(selfattention_layer_type, pos_enc_layer_type)
         activation = _choose("activation_type", activation_type, ACTIVATIONS)
         self._set_layers([
@@ -204,9 +279,10 @@ class ConformerEncoder(BaseEncoder):
                  macaron_style: bool = True, use_cnn_module: bool = True,
                  cnn_module_kernel: int = 15, cnn_module_norm: str = "batch_norm",
                  subsampling_channels: int = 0, global_cmvn: Optional[nn.Module] = None,
-                 interctc_layer_idx: Sequence[int] = ()):
+                 interctc_layer_idx: Sequence[int] = (), time_reduce_idx: int = 0, time_recover_idx: int = 0):
         super().__init__(input_size, output_size, dropout_rate, positional_dropout_rate, input_layer,
-                         pos_enc_layer_type, normalize_before, global_cmvn, subsampling_channels, interctc_layer_idx)
+                         pos_enc_layer_type, normalize_before, global_cmvn, subsampling_channels, interctc_layer_idx,
+                         time_reduce_idx, time_recover_idx)
         attention = _attention_class(selfattention_layer_type, pos_enc_layer_type)
         activation = _choose("activation_type", activation_type, ACTIVATIONS)
 

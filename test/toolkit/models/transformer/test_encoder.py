@@ -14,10 +14,13 @@ def _encoders():
     return [TransformerEncoder(80, **SMALL),
             ConformerEncoder(80, cnn_module_kernel=7, **SMALL),
             ConformerEncoder(80, cnn_module_kernel=7, cnn_module_norm="layer_norm", **SMALL),
-            ConformerEncoder(80, cnn_module_kernel=7, input_layer="conv2d8", **SMALL)]
+            ConformerEncoder(80, cnn_module_kernel=7, input_layer="conv2d8", **SMALL),
+            ConformerEncoder(80, cnn_module_kernel=7, time_reduce_idx=1, time_recover_idx=2, **SMALL),
+            TransformerEncoder(80, time_reduce_idx=1, time_recover_idx=2, **SMALL)]
 
 
-CONV_LAYERS = [2, 2, 2, 3]  # 3x3 stride-2 convolutions of each encoder's front end
+CONV_LAYERS = [2, 2, 2, 3, 2, 2]  # 3x3 stride-2 convolutions of each encoder's front end
+ENCODERS = range(len(CONV_LAYERS))
 
 
 def _subsampled(length: int, layers: int) -> int:
@@ -34,7 +37,7 @@ def _trained_batch_norm(encoder, feats, lengths):
     return encoder.eval()
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", ENCODERS)
 def test_output_length_and_mask_match_subsampling_formula(tiny_fsdd, index):
     feats, lengths = tiny_fsdd.batch(KEYS)
     encoder = _encoders()[index].eval()
@@ -46,7 +49,7 @@ def test_output_length_and_mask_match_subsampling_formula(tiny_fsdd, index):
     assert mask.sum(dim=2).squeeze(1).tolist() == expected == encoder.output_lengths(lengths).tolist()
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", ENCODERS)
 def test_padded_batch_matches_each_utterance_alone(tiny_fsdd, index):
     feats, lengths = tiny_fsdd.batch(KEYS)
     assert len(set(lengths.tolist())) == 3
@@ -61,7 +64,7 @@ def test_padded_batch_matches_each_utterance_alone(tiny_fsdd, index):
             assert_equal_up_to_rounding(out[b, :valid], alone[0])
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", ENCODERS)
 def test_torchscript_encoder_matches_eager(tiny_fsdd, index):
     feats, lengths = tiny_fsdd.batch(KEYS)
     feats = feats.double()
@@ -83,3 +86,37 @@ def test_invalid_names_raise_value_error_listing_choices():
         ConformerEncoder(80, cnn_module_kernel=8, **SMALL)
     with pytest.raises(ValueError, match=r"unknown input_layer 'conv2d6'; valid: \['conv2d', 'conv2d8'\]"):
         ConformerEncoder(80, input_layer="conv2d6", **SMALL)
+
+
+def test_time_reduction_runs_the_middle_layers_on_half_the_frames(tiny_fsdd):
+    feats, lengths = tiny_fsdd.batch(KEYS)
+    torch.manual_seed(0)
+    encoder = ConformerEncoder(80, cnn_module_kernel=7, **dict(SMALL, num_blocks=4), time_reduce_idx=1,
+                               time_recover_idx=3, interctc_layer_idx=[1, 3]).eval()
+    seen = []
+    for layer in encoder.encoders:
+        layer.register_forward_pre_hook(lambda module, args: seen.append((args[0].size(1), int(args[1].sum()))))
+    with torch.no_grad():
+        out, mask, intermediate = encoder.forward_layers(feats[:1, :lengths[0]], lengths[:1], [1, 3])
+    frames = _subsampled(int(lengths[0]), 2)
+    half = (frames + 1) // 2
+    assert seen == [(frames, frames), (half, half), (half, half), (frames, frames)]
+    assert out.shape == (1, frames, 32) and int(mask.sum()) == frames
+    assert [t.shape for t in intermediate] == [out.shape, out.shape]
+    # The U-Net is no identity: without its layers' outputs the result differs.
+    plain = ConformerEncoder(80, cnn_module_kernel=7, **dict(SMALL, num_blocks=4)).eval()
+    plain.load_state_dict(encoder.state_dict(), strict=False)
+    with torch.no_grad():
+        assert not torch.allclose(plain(feats[:1, :lengths[0]], lengths[:1])[0], out)
+
+
+@pytest.mark.parametrize("reduce, recover, interctc, message", [
+    (0, 2, [], r"need 1 <= time_reduce_idx < time_recover_idx <= num_blocks = 3, or both 0"),
+    (2, 2, [], r"time_reduce_idx 2 and time_recover_idx 2"),
+    (1, 4, [], r"time_recover_idx 4: need"),
+    (1, 3, [2], r"interctc_layer_idx \[2\] between time_reduce_idx 1 and time_recover_idx 3"),
+])
+def test_time_reduction_layers_are_checked(reduce, recover, interctc, message):
+    with pytest.raises(ValueError, match=message):
+        ConformerEncoder(80, **dict(SMALL, num_blocks=3), time_reduce_idx=reduce, time_recover_idx=recover,
+                         interctc_layer_idx=interctc)
