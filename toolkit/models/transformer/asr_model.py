@@ -47,7 +47,9 @@ class ASRModel(nn.Module):
     """Encoder + CTC head + attention decoder, trained with
     loss = ctc_weight * loss_ctc + (1 - ctc_weight) * loss_att, where with intermediate CTC (Lee & Watanabe,
     2021, arXiv:2102.03216) loss_ctc is (1 - interctc_weight) * the last layer's CTC loss + interctc_weight * the
-    mean CTC loss of the encoder layers ``encoder.interctc_layer_idx``, all through the one CTC head.
+    mean CTC loss of the encoder layers ``encoder.interctc_layer_idx``, all through the one CTC head; with
+    self-conditioned CTC (Nozaki & Komatsu, 2021, arXiv:2104.02724) those layers' CTC posteriors are also fed back
+    into the encoder (:meth:`BaseEncoder.set_self_conditioning`).
 
     Args:
         vocab_size: V; ``<sos/eos>`` = V - 1.
@@ -60,15 +62,19 @@ class ASRModel(nn.Module):
         interctc_weight: in [0, 1); > 0 needs ``ctc_weight`` > 0 and the layers in the encoder's
             ``interctc_layer_idx`` (``encoder_conf``), which 0 must go without. Training only: decoding reads the
             last layer.
+        interctc_use_conditioning: self-conditioned CTC on the intermediate CTC layers (ESPnet's name); needs
+            ``interctc_weight`` > 0. It changes the encoder, so decoding conditions too.
 
     Raises:
         ValueError: ``ctc_weight`` outside [0, 1], ``interctc_weight`` outside [0, 1), or ``interctc_weight``
-            and ``encoder.interctc_layer_idx`` not given together (or without a CTC branch).
+            and ``encoder.interctc_layer_idx`` not given together (or without a CTC branch), or
+            ``interctc_use_conditioning`` without intermediate CTC.
     """
 
     def __init__(self, vocab_size: int, encoder: BaseEncoder, decoder: TransformerDecoder,
                  ctc: CTC, ctc_weight: float = 0.5, lsm_weight: float = 0.0,
-                 length_normalized_loss: bool = False, interctc_weight: float = 0.0):
+                 length_normalized_loss: bool = False, interctc_weight: float = 0.0,
+                 interctc_use_conditioning: bool = False):
         super().__init__()
         if not 0.0 <= ctc_weight <= 1.0:
             raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
@@ -78,6 +84,11 @@ class ASRModel(nn.Module):
             raise ValueError(f"intermediate CTC needs interctc_weight > 0, encoder_conf.interctc_layer_idx and "
                              f"ctc_weight > 0 together; got interctc_weight {interctc_weight}, interctc_layer_idx "
                              f"{encoder.interctc_layer_idx}, ctc_weight {ctc_weight}")
+        if interctc_use_conditioning and interctc_weight == 0.0:
+            raise ValueError("interctc_use_conditioning needs intermediate CTC (interctc_weight > 0 and "
+                             "encoder_conf.interctc_layer_idx)")
+        if interctc_use_conditioning:
+            encoder.set_self_conditioning(ctc)
         self.interctc_weight = interctc_weight
         self.vocab_size = vocab_size
         self.sos = vocab_size - 1

@@ -63,6 +63,7 @@ class CTC(nn.Module):
         logits = self.ctc_lo(hs_pad)  # (B, T', upsample * V)
         return logits.reshape(logits.size(0), logits.size(1) * self.upsample, -1)
 
+    @torch.jit.unused  # training only; a scripted encoder holds this head for its posteriors (self-conditioning)
     def forward(self, hs_pad: torch.Tensor, hlens: torch.Tensor, ys_pad: torch.Tensor,
                 ys_lens: torch.Tensor) -> torch.Tensor:
         """CTC loss of each utterance, -log P(y | x) summed over alignments.
@@ -81,6 +82,12 @@ class CTC(nn.Module):
         log_probs = self._logits(self.dropout(hs_pad)).log_softmax(dim=2)
         return nn.functional.ctc_loss(log_probs.transpose(0, 1), ys_pad, self.output_lengths(hlens), ys_lens,
                                       blank=BLANK_ID, reduction="none", zero_infinity=False)
+
+    def posteriors(self, hs_pad: torch.Tensor) -> torch.Tensor:
+        """float32 (B, T', D) -> float32 (B, T', upsample * V): each encoder frame's ``upsample`` CTC frame
+        posteriors side by side (each V-slice sums to 1), for self-conditioning."""
+        probs = self._logits(hs_pad).softmax(dim=2)
+        return probs.reshape(hs_pad.size(0), hs_pad.size(1), -1)
 
     def log_softmax(self, hs_pad: torch.Tensor) -> torch.Tensor:
         """float32 (B, T', D) -> float32 (B, upsample * T', V) CTC frame log-posteriors (valid frames: the

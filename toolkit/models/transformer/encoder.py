@@ -3,6 +3,8 @@
 Transformer: Vaswani et al., 2017 (arXiv:1706.03762), with the speech front end of
 Dong et al., 2018 (Speech-Transformer). Conformer: Gulati et al., 2020 (arXiv:2005.08100). Optional
 temporal U-Net of Squeezeformer (Kim et al., 2022, arXiv:2206.00888): the middle blocks at half the frame rate.
+Optional self-conditioned CTC (Nozaki & Komatsu, 2021, arXiv:2104.02724): the intermediate CTC posteriors fed back
+into the layers above.
 """
 from collections.abc import Sequence
 from typing import Optional, TypeVar
@@ -14,6 +16,7 @@ from toolkit.models.activation_checkpointing import checkpointed
 from toolkit.models.transformer.attention import (MultiHeadedAttention,
                                                   RelPositionMultiHeadedAttention)
 from toolkit.models.transformer.convolution import ConvolutionModule
+from toolkit.models.transformer.ctc import CTC
 from toolkit.models.transformer.embedding import PositionalEncoding, RelPositionalEncoding
 from toolkit.models.transformer.encoder_layer import (ConformerEncoderLayer,
                                                       TransformerEncoderLayer)
@@ -115,6 +118,7 @@ class BaseEncoder(nn.Module):
             not 1 <= ``time_reduce_idx`` < ``time_recover_idx`` <= num_blocks unless both are 0 (checked when the
             subclass sets its layers).
     """
+    interctc_layer_idx: list[int]  # for TorchScript, which cannot type an empty list by its value
 
     def __init__(self, input_size: int, output_size: int, dropout_rate: float,
                  positional_dropout_rate: float, input_layer: str, pos_enc_layer_type: str,
@@ -131,11 +135,14 @@ class BaseEncoder(nn.Module):
         # Post-norm layers already end in a LayerNorm.
         self.after_norm = nn.LayerNorm(output_size, eps=1e-12) if normalize_before else None
         self.encoders = nn.ModuleList()
-        self.interctc_layer_idx: list[int] = sorted(set(interctc_layer_idx))
+        self.interctc_layer_idx = sorted(set(interctc_layer_idx))
         self.time_reduce_idx, self.time_recover_idx = time_reduce_idx, time_recover_idx
         self.time_reduction = TimeReduction(output_size) if time_reduce_idx else None
         self.time_recovery = TimeRecovery(output_size) if time_reduce_idx else None
         self.activation_checkpointing = False  # set by ASRModel.set_activation_checkpointing
+        # Self-conditioned CTC, set by ASRModel through set_self_conditioning (the CTC head is the model's).
+        self.conditioning_ctc: Optional[CTC] = None
+        self.conditioning_layer: Optional[nn.Linear] = None
 
     def _set_layers(self, layers: list[nn.Module]) -> None:
         """The subclass's layer stack, against which ``interctc_layer_idx`` and the U-Net's layers are checked."""
@@ -153,6 +160,23 @@ class BaseEncoder(nn.Module):
                 raise ValueError(f"interctc_layer_idx {halved} between time_reduce_idx {reduce} and "
                                  f"time_recover_idx {recover}: those layers run at half the frame rate")
         self.encoders = nn.ModuleList(layers)
+
+    def set_self_conditioning(self, ctc: CTC) -> None:
+        """Self-conditioned CTC (Nozaki & Komatsu, 2021, "Relaxing the Conditional Independence Assumption of
+        CTC-based ASR by Conditioning on Intermediate Predictions", arXiv:2104.02724): after each layer of
+        ``interctc_layer_idx`` the CTC posteriors of its output (through the final LayerNorm and ``ctc``'s
+        projection, float32 (B, T', upsample x V)) are projected back to the model size by a new linear layer and
+        added to it, in training and decoding alike, so the layers above see what the layers below predict.
+        ``ctc`` is the model's head, shared (its weights appear under this encoder's keys too).
+
+        Raises:
+            ValueError: no ``interctc_layer_idx`` to condition on.
+        """
+        if not self.interctc_layer_idx:
+            raise ValueError("self-conditioned CTC needs encoder_conf.interctc_layer_idx (the layers whose CTC "
+                             "posteriors are fed back)")
+        self.conditioning_ctc = ctc
+        self.conditioning_layer = nn.Linear(ctc.ctc_lo.out_features, self._output_size)
 
     def extra_repr(self) -> str:
         return f"activation_checkpointing={self.activation_checkpointing}"
@@ -191,7 +215,8 @@ class BaseEncoder(nn.Module):
         """:meth:`forward`, and the outputs of the layers numbered (from 1) in ``layer_idx``, each through the
         final LayerNorm as the last layer's is: float32 (B, T', output_size) each, in layer order (the
         intermediate CTC of :class:`~toolkit.models.transformer.asr_model.ASRModel` reads
-        ``interctc_layer_idx``'s)."""
+        ``interctc_layer_idx``'s). With self-conditioning (:meth:`set_self_conditioning`) a layer's returned output
+        is the one before its posteriors are added."""
         masks = ~make_pad_mask(xs_lens, xs.size(1)).unsqueeze(1)
         if self.global_cmvn is not None:
             xs = self.global_cmvn(xs)
@@ -209,6 +234,9 @@ class BaseEncoder(nn.Module):
                 xs, masks, pos_emb = self.time_recovery(xs, skip), skip_masks, skip_pos_emb
             if i + 1 in layer_idx:
                 intermediate.append(self._final_norm(xs))
+            if self.conditioning_layer is not None and self.conditioning_ctc is not None \
+                    and i + 1 in self.interctc_layer_idx:
+                xs = xs + self.conditioning_layer(self.conditioning_ctc.posteriors(self._final_norm(xs)))
             if self.time_reduction is not None and i + 1 == self.time_reduce_idx:
                 skip, skip_masks, skip_pos_emb = xs, masks, pos_emb
                 xs, masks = self.time_reduction(xs, masks)

@@ -15,15 +15,16 @@ KEYS = ["george-0-01", "jackson-1-00", "lucas-2-01", "nicolas-3-00"]
 
 def _model(vocab_size: int, ctc_weight: float, encoder: str = "conformer", ctc_upsample: int = 1,
            num_blocks: int = 2, **interctc) -> ASRModel:
-    """A small model; ``interctc``: ``interctc_layer_idx`` (to encoder_conf) and ``interctc_weight``
-    (to model_conf)."""
+    """A small model; ``interctc``: ``interctc_layer_idx`` (to encoder_conf), ``interctc_weight`` and
+    ``interctc_use_conditioning`` (to model_conf)."""
     encoder_conf = dict(output_size=64, attention_heads=2, linear_units=128, num_blocks=num_blocks,
                         dropout_rate=0.0, positional_dropout_rate=0.0)
     model_conf = dict(ctc_weight=ctc_weight, lsm_weight=0.1)
     if "interctc_layer_idx" in interctc:
         encoder_conf["interctc_layer_idx"] = interctc["interctc_layer_idx"]
-    if "interctc_weight" in interctc:
-        model_conf["interctc_weight"] = interctc["interctc_weight"]
+    for key in ("interctc_weight", "interctc_use_conditioning"):
+        if key in interctc:
+            model_conf[key] = interctc[key]
     if encoder == "conformer":
         encoder_conf["cnn_module_kernel"] = 7
     config = Config(cmvn=None, encoder=encoder, encoder_conf=encoder_conf, decoder="transformer",
@@ -150,6 +151,55 @@ def test_intermediate_ctc_settings_are_checked_naming_the_section(interctc, mess
         _model(10, 0.3, **interctc)
     with pytest.raises(ConfigError, match="together"):  # no CTC branch to regularise
         _model(10, 0.0, interctc_layer_idx=[1], interctc_weight=0.3)
+
+
+@pytest.mark.parametrize("kind", ["conformer", "transformer"])
+def test_self_conditioned_ctc_feeds_the_intermediate_posteriors_back(tiny_fsdd, kind):
+    feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
+    torch.manual_seed(0)
+    model = _model(len(vocab), 0.3, kind, num_blocks=3, interctc_layer_idx=[1], interctc_weight=0.4,
+                   interctc_use_conditioning=True).eval()
+    out = model(feats, lengths, target, target_lengths)
+    out["loss"].backward()
+    encoder = model.encoder
+    assert encoder.conditioning_layer.weight.grad.abs().sum() > 0
+    assert encoder.conditioning_ctc is model.ctc  # the one CTC head, not a copy
+    with torch.no_grad():
+        # Layer by layer: after layer 1, its output's CTC posteriors, projected, are added to it.
+        masks = (torch.arange(feats.size(1)).unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)
+        xs, pos_emb, masks = encoder.embed(feats, masks)
+        xs = encoder.encoders[0](xs, masks, pos_emb, masks)
+        first = encoder.after_norm(xs)
+        posteriors = model.ctc.ctc_lo(first).softmax(dim=-1)
+        xs = xs + encoder.conditioning_layer(posteriors)
+        for layer in encoder.encoders[1:]:
+            xs = layer(xs, masks, pos_emb, masks)
+        expected = encoder.after_norm(xs)
+        encoder_lens = masks.squeeze(1).sum(dim=1)
+
+        def ctc(x: torch.Tensor) -> float:
+            log_probs = model.ctc.log_softmax(x).transpose(0, 1)
+            return float(F.ctc_loss(log_probs, target.clamp(min=0), encoder_lens, target_lengths,
+                                    reduction="none").double().mean())
+
+        # Decoding runs the same conditioned encoder.
+        assert torch.allclose(encoder(feats, lengths)[0], expected, atol=1e-5)
+        unconditioned = _model(len(vocab), 0.3, kind,
+                               num_blocks=3, interctc_layer_idx=[1], interctc_weight=0.4).eval()
+        unconditioned.load_state_dict(model.state_dict(), strict=False)
+        assert not torch.allclose(unconditioned.encoder(feats, lengths)[0], expected, atol=1e-3)
+        # The shared head is saved under both names and loads back into a fresh model.
+        copy = _model(len(vocab), 0.3, kind,
+                      num_blocks=3, interctc_layer_idx=[1], interctc_weight=0.4, interctc_use_conditioning=True)
+        copy.load_state_dict(model.state_dict())
+        assert torch.equal(copy.eval().encoder(feats, lengths)[0], encoder(feats, lengths)[0])
+    assert out["loss_interctc"].item() == pytest.approx(ctc(first), rel=1e-5)
+    assert out["loss_ctc"].item() == pytest.approx(0.6 * ctc(expected) + 0.4 * ctc(first), rel=1e-5)
+
+
+def test_self_conditioning_needs_intermediate_ctc():
+    with pytest.raises(ConfigError, match="model_conf: interctc_use_conditioning needs intermediate CTC"):
+        _model(10, 0.3, interctc_use_conditioning=True)
 
 
 def test_unknown_decoding_method_lists_valid_ones(tiny_fsdd):

@@ -1,12 +1,18 @@
 import pytest
 import torch
 
+from toolkit.models.transformer.ctc import CTC
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
 
 from ..conftest import assert_equal_up_to_rounding
 
 KEYS = ["lucas-5-01", "george-0-01", "nicolas-6-00"]
 SMALL = dict(output_size=32, attention_heads=4, linear_units=64, num_blocks=2)
+
+
+def _self_conditioned(encoder):
+    encoder.set_self_conditioning(CTC(10, encoder.output_size(), upsample=2))
+    return encoder
 
 
 def _encoders():
@@ -16,10 +22,11 @@ def _encoders():
             ConformerEncoder(80, cnn_module_kernel=7, cnn_module_norm="layer_norm", **SMALL),
             ConformerEncoder(80, cnn_module_kernel=7, input_layer="conv2d8", **SMALL),
             ConformerEncoder(80, cnn_module_kernel=7, time_reduce_idx=1, time_recover_idx=2, **SMALL),
-            TransformerEncoder(80, time_reduce_idx=1, time_recover_idx=2, **SMALL)]
+            TransformerEncoder(80, time_reduce_idx=1, time_recover_idx=2, **SMALL),
+            _self_conditioned(ConformerEncoder(80, cnn_module_kernel=7, interctc_layer_idx=[1], **SMALL))]
 
 
-CONV_LAYERS = [2, 2, 2, 3, 2, 2]  # 3x3 stride-2 convolutions of each encoder's front end
+CONV_LAYERS = [2, 2, 2, 3, 2, 2, 2]  # 3x3 stride-2 convolutions of each encoder's front end
 ENCODERS = range(len(CONV_LAYERS))
 
 
@@ -108,6 +115,11 @@ def test_time_reduction_runs_the_middle_layers_on_half_the_frames(tiny_fsdd):
     plain.load_state_dict(encoder.state_dict(), strict=False)
     with torch.no_grad():
         assert not torch.allclose(plain(feats[:1, :lengths[0]], lengths[:1])[0], out)
+
+
+def test_self_conditioning_needs_an_intermediate_layer():
+    with pytest.raises(ValueError, match="self-conditioned CTC needs encoder_conf.interctc_layer_idx"):
+        ConformerEncoder(80, **SMALL).set_self_conditioning(CTC(10, 32))
 
 
 @pytest.mark.parametrize("reduce, recover, interctc, message", [
