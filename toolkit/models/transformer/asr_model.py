@@ -84,10 +84,10 @@ class ASRModel(nn.Module):
             raise ValueError(f"intermediate CTC needs interctc_weight > 0, encoder_conf.interctc_layer_idx and "
                              f"ctc_weight > 0 together; got interctc_weight {interctc_weight}, interctc_layer_idx "
                              f"{encoder.interctc_layer_idx}, ctc_weight {ctc_weight}")
-        if interctc_use_conditioning and interctc_weight == 0.0:
-            raise ValueError("interctc_use_conditioning needs intermediate CTC (interctc_weight > 0 and "
-                             "encoder_conf.interctc_layer_idx)")
         if interctc_use_conditioning:
+            if interctc_weight == 0.0:
+                raise ValueError("interctc_use_conditioning needs intermediate CTC (interctc_weight > 0 and "
+                                 "encoder_conf.interctc_layer_idx)")
             encoder.set_self_conditioning(ctc)
         self.interctc_weight = interctc_weight
         self.vocab_size = vocab_size

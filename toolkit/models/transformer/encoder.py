@@ -232,11 +232,14 @@ class BaseEncoder(nn.Module):
                 xs = layer(xs, masks, pos_emb, masks)
             if self.time_recovery is not None and i + 1 == self.time_recover_idx:
                 xs, masks, pos_emb = self.time_recovery(xs, skip), skip_masks, skip_pos_emb
-            if i + 1 in layer_idx:
-                intermediate.append(self._final_norm(xs))
-            if self.conditioning_layer is not None and self.conditioning_ctc is not None \
-                    and i + 1 in self.interctc_layer_idx:
-                xs = xs + self.conditioning_layer(self.conditioning_ctc.posteriors(self._final_norm(xs)))
+            conditioned = self.conditioning_layer is not None and i + 1 in self.interctc_layer_idx
+            if i + 1 in layer_idx or conditioned:
+                normed = self._final_norm(xs)  # once for both the intermediate CTC and the conditioning
+                if i + 1 in layer_idx:
+                    intermediate.append(normed)
+                # NOTE: TorchScript drops this branch where the attributes are None (no self-conditioning).
+                if conditioned and self.conditioning_layer is not None and self.conditioning_ctc is not None:
+                    xs = xs + self.conditioning_layer(self.conditioning_ctc.posteriors(normed))
             if self.time_reduction is not None and i + 1 == self.time_reduce_idx:
                 skip, skip_masks, skip_pos_emb = xs, masks, pos_emb
                 xs, masks = self.time_reduction(xs, masks)
