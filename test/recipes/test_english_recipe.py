@@ -47,6 +47,8 @@ def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
     assert decoding["world_size"] == 2 and sum(decoding["decoded_per_rank"]) == 500
     assert decoding["utterances"]["repeated"] == 0
     assert decoding["lm"]["path"].endswith("lm/lm_3gram.arpa") and (tmp_path / "data/lm/lm_3gram.arpa").is_file()
+    spelling = tmp_path / "data/lm/spelling_6gram_30000common.arpa"  # the recipe's default, built in stage 2
+    assert decoding["lm"]["spelling_lm"] == str(spelling) and spelling.is_file()
     words = decoding["scores"]["attention_rescoring"]["word"]  # recognize's own score is the table's
     assert words["N"] == 500 and round(100 * (words["S"] + words["D"] + words["I"]) / 500, 2) == wer_rescoring
     assert wer_rescoring < 10.0, results

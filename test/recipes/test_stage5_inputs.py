@@ -67,16 +67,20 @@ def test_a_table_that_does_not_fit_the_model_is_refused_in_one_line(tmp_path):
 
 def test_a_word_lm_is_used_as_given_and_a_file_kenlm_cannot_read_is_refused_in_one_line(tmp_path):
     make_model(tmp_path)
-    lm = tmp_path / "lm.arpa"
-    subprocess.run([sys.executable, str(ROOT / "tools/train_ngram_lm.py"),
-                    str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(lm)], check=True, capture_output=True, timeout=60)
+    lm, spelling = tmp_path / "lm.arpa", tmp_path / "spelling.arpa"
+    for path, options in ((lm, []), (spelling, ["--spelling", "--order", "4"])):
+        subprocess.run([sys.executable, str(ROOT / "tools/train_ngram_lm.py"), *options,
+                        str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(path)], check=True, capture_output=True,
+                       timeout=60)
     modes = ("ctc_prefix_beam_search", "attention_rescoring")
     proc = decode(tmp_path, "units19.txt", "--lm", str(lm), "--lm_weight", "0.7", "--word_bonus", "1",
-                  "--oov_penalty", "-10", modes=modes)
+                  "--oov_penalty", "-10", "--spelling_lm", str(spelling), modes=modes)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "result-units19.txt" / "decode_summary.json").read_text())
-    assert summary["lm"] == {"path": str(lm), "lm_weight": 0.7, "word_bonus": 1.0, "oov_penalty": -10.0}
-    assert f"word LM {lm}: 3-gram, weight 0.7, word bonus 1.0, OOV penalty -10.0" in proc.stderr
+    assert summary["lm"] == {"path": str(lm), "lm_weight": 0.7, "word_bonus": 1.0, "oov_penalty": -10.0,
+                             "spelling_lm": str(spelling)}
+    assert (f"word LM {lm}: 3-gram, weight 0.7, word bonus 1.0, OOV penalty -10.0, spelling LM {spelling}"
+            in proc.stderr)
     for mode in modes:
         assert len((tmp_path / "result-units19.txt" / mode / "text").read_text().splitlines()) == 2
     broken = tmp_path / "broken.arpa"
@@ -86,6 +90,9 @@ def test_a_word_lm_is_used_as_given_and_a_file_kenlm_cannot_read_is_refused_in_o
     proc = decode(tmp_path, "units19.txt", "--lm", str(broken), result="broken", modes=modes)
     errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert proc.returncode == 2 and len(errors) == 1 and f"--lm {broken}: " in errors[0], proc.stderr[-2000:]
+    proc = decode(tmp_path, "units19.txt", "--lm", str(lm), "--spelling_lm", str(broken), result="broken", modes=modes)
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    assert proc.returncode == 2 and len(errors) == 1 and f"--spelling_lm {broken}: " in errors[0], proc.stderr[-2000:]
     assert not (tmp_path / "broken-units19.txt").exists()
 
 

@@ -17,7 +17,8 @@ seconds, wall time, real-time factor, the LM and its weights, the counts of ever
 
 With ``--lm`` (a word n-gram LM, :class:`toolkit.text.ngram_lm.WordNgramLM`), ``ctc_prefix_beam_search`` is fused
 with it, and ``attention_rescoring`` rescores that n-best with the LM score kept in the sum; ``ctc_greedy_search``
-and ``attention`` do not use it.
+and ``attention`` do not use it. ``--spelling_lm`` adds a letter n-gram model of words that scores the spelling of the
+words the LM lacks.
 
 How the ranks share the work: each rank decodes its own part of the data.list, the training partition of
 :mod:`toolkit.dataset.pipeline` (every raw line, or every shard, goes to exactly one rank and loader worker; ranks
@@ -59,7 +60,7 @@ from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
 from toolkit.utils.config import ConfigError, exit_on_config_error
 from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
-LM_DEFAULTS = {"lm_weight": 0.5, "word_bonus": 0.0, "oov_penalty": 0.0}
+LM_DEFAULTS = {"lm_weight": 0.5, "word_bonus": 0.0, "oov_penalty": 0.0, "spelling_lm": ""}
 # NOTE: these skips lose utterances before their key is read, so they cannot be scored as deletions here.
 UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
 
@@ -89,6 +90,10 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--oov_penalty", type=float,
                         help="with --lm: added per word outside the LM's vocabulary, and to a prefix from the moment "
                              f"its last word begins no word of the LM (<= 0; default {LM_DEFAULTS['oov_penalty']}: off)")
+    parser.add_argument("--spelling_lm",
+                        help="with --lm (ARPA): letter n-gram LM of words (tools/train_ngram_lm.py --spelling) that "
+                             "scores the spelling of each word outside the LM's vocabulary, on top of its <unk> "
+                             "probability and --oov_penalty; default: none")
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
     return parser.parse_args(argv)
@@ -164,7 +169,7 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
         "lm": {"path": args.lm, "lm_weight": args.lm_weight, "word_bonus": args.word_bonus,
-               "oov_penalty": args.oov_penalty} if args.lm else None,
+               "oov_penalty": args.oov_penalty, "spelling_lm": args.spelling_lm or None} if args.lm else None,
         "world_size": len(job.decoded_per_rank),
         "utterances": {"listed": len(listed), "listed_keys": len(references),
                        "decoded": sum(job.decoded_per_rank), "decoded_keys": len(job.owner),
@@ -211,7 +216,8 @@ def main(argv=None) -> None:
     # 2. config, tokenizer (it must fit the model); this rank's share of the test set; every rank reads the
     # references (key order)
     config = read_config(args.config, args.override_config)
-    for option, path in (("--checkpoint", args.checkpoint), ("--test_data", args.test_data), ("--lm", args.lm)):
+    for option, path in (("--checkpoint", args.checkpoint), ("--test_data", args.test_data), ("--lm", args.lm),
+                         ("--spelling_lm", args.spelling_lm)):
         if path and not os.path.isfile(path):
             raise ConfigError(f"{option} {path}: no such file")
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
@@ -227,14 +233,16 @@ def main(argv=None) -> None:
                         " and ".join(LM_METHODS))
         args.lm = ""
     if args.lm:
+        spelling = f" / --spelling_lm {args.spelling_lm}" if args.spelling_lm else ""
         try:
-            lm = WordNgramLM(args.lm, tokenizer.id_to_symbol, args.lm_weight, args.word_bonus, args.oov_penalty)
+            lm = WordNgramLM(args.lm, tokenizer.id_to_symbol, args.lm_weight, args.word_bonus, args.oov_penalty,
+                             args.spelling_lm)
         except UnicodeDecodeError as e:
-            raise ConfigError(f"--lm {args.lm}: neither an ARPA file nor a KenLM binary") from e
+            raise ConfigError(f"--lm {args.lm}{spelling}: neither an ARPA file nor a KenLM binary") from e
         except (OSError, ValueError) as e:
-            raise ConfigError(f"--lm {args.lm}: {e}") from e
-        logging.info("word LM %s: %d-gram, weight %s, word bonus %s, OOV penalty %s", args.lm, lm.model.order,
-                     args.lm_weight, args.word_bonus, args.oov_penalty)
+            raise ConfigError(f"--lm {args.lm}{spelling}: {e}") from e
+        logging.info("word LM %s: %d-gram, weight %s, word bonus %s, OOV penalty %s, spelling LM %s", args.lm,
+                     lm.model.order, args.lm_weight, args.word_bonus, args.oov_penalty, args.spelling_lm or "none")
     dataset_conf = test_dataset_conf(config.dataset_conf, args.batch_size)
     dataset = build_dataset(args.test_data, tokenizer, dataset_conf, mode="test", rank=ctx.rank,
                             world_size=ctx.world_size)

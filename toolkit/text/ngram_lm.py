@@ -9,6 +9,8 @@ only the query module; ``lmplz`` needs Boost), and the pure-Python ``arpabo`` 0.
 1, an unnormalised model. Any ARPA or KenLM binary file, e.g. one built by ``lmplz`` on more text, can be decoded
 with instead (:class:`WordNgramLM`).
 
+The same estimate over words spelt letter by letter gives the spelling LM that scores the words the word LM lacks.
+
 Sentences are padded as ``<s> w1 .. wk </s>``; words are case-sensitive and whitespace-separated. The unigram
 level interpolates with a base distribution: uniform over the vocabulary (``<unk>`` gets only its share of it; an
 out-of-vocabulary word scores as ``<unk>``), or a prior over a larger word list, such as a language's most frequent
@@ -50,8 +52,9 @@ def modified_kn_discounts(adjusted_counts: Iterable[int], order: int = 0) -> tup
         discounts = tuple(k - (k + 1) * y * n[k + 1] / n[k] for k in (1, 2, 3))
         if all(0 < d < k for k, d in zip((1, 2, 3), discounts)):
             return discounts
-    logging.warning("modified Kneser-Ney, %d-grams: counts of counts %s give no valid discounts (too little text); "
-                    "using %s", order, [n[k] for k in (1, 2, 3, 4)], FALLBACK_DISCOUNTS)
+    logging.warning("modified Kneser-Ney, %d-grams: counts of counts %s give no valid discounts (too little text, or "
+                    "every one seen more than 4 times, as letters); using %s", order, [n[k] for k in (1, 2, 3, 4)],
+                    FALLBACK_DISCOUNTS)
     return FALLBACK_DISCOUNTS
 
 
@@ -144,16 +147,22 @@ def _base_distribution(unigrams: dict, prior: Mapping[str, float] | None) -> dic
     return {ngram: weight / total for ngram, weight in weights.items()}
 
 
-def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_word_count: int = 0
-                          ) -> dict[str, int]:
+def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_word_count: int = 0,
+                          spelling: bool = False) -> dict[str, int]:
     """Estimate the model (:func:`kneser_ney_arpa`) from the transcripts of a Kaldi ``text`` file
     (``key word word ...`` per line; the key is dropped) and write it atomically to ``arpa_path``. With
     ``common_word_count`` > 0 the unigrams' prior is that many English words
     (:func:`toolkit.text.common_words.common_words`), spelt with the transcripts' characters and upper-cased when
     the transcripts hold no lower-case letter.
 
+    With ``spelling``, the spelling LM of :class:`WordNgramLM` instead: a letter n-gram model whose sentences are
+    the distinct words of the transcripts (``<unk>`` left out) and the common words, each spelt letter by letter,
+    so that it scores how English-like an unseen word's spelling is (as an ``<unk>`` model of letters, in the
+    way Kaldi's ``utils/lang/make_unk_lm.sh`` models unknown words with phones).
+
     Returns:
-        ``{"sentences": .., "words": .., "ngram 1": .., ...}``.
+        ``{"sentences": .., "words": .., "ngram 1": .., ...}`` (with ``spelling``: sentences are distinct words,
+        words are letters).
 
     Raises:
         ValueError: as :func:`kneser_ney_arpa` (sentence N is line N), or the file is not UTF-8.
@@ -168,6 +177,9 @@ def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_wor
 
         alphabet = {c for words in sentences for w in words if w != UNK for c in w}
         prior = common_words(common_word_count, alphabet, upper=not any(c.islower() for c in alphabet))
+    if spelling:
+        words = sorted({w for words in sentences for w in words if w != UNK} | set(prior or ()))
+        sentences, prior = [list(word) for word in words], None
     arpa = kneser_ney_arpa(sentences, order, prior)
     atomic_write(arpa_path, lambda out: out.write(arpa.encode("utf-8")))
     sizes = {line.split("=")[0]: int(line.split("=")[1]) for line in arpa.splitlines() if line.startswith("ngram ")}
@@ -178,11 +190,14 @@ def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_wor
 class LMPart(NamedTuple):
     """The LM's part of one prefix in CTC prefix beam search: ``score`` (what the prefix competes on: ``closed``,
     plus the OOV penalty while its open word begins no word of the LM), the fused score of its complete words
-    (``closed``), the KenLM state after them, and where in the prefix the open word starts."""
+    (``closed``), the KenLM state after them, where in the prefix the open word starts, and, with a spelling LM,
+    the natural-log probability of the open word's letters so far and the spelling LM's state after them."""
     score: float
     closed: float
     state: kenlm.State
     word_start: int
+    spelt: float = 0.0
+    spelling_state: kenlm.State | None = None
 
 
 def arpa_vocabulary(path: str) -> set[str]:
@@ -223,21 +238,29 @@ class WordNgramLM:
     then on, so that misspellings leave the beam before they end (as pyctcdecode's partial-word score does), and
     ending such a word early gains nothing.
 
+    With a spelling LM (a letter n-gram of words, :func:`write_kneser_ney_arpa` with ``spelling``), an OOV word w
+    scores ``ln P(<unk> | history) + ln P_spelling(letters of w, </s>)`` under the weight, so that an English-like
+    spelling costs less than an unlikely one instead of every OOV word costing the same (docs/recipe_ablation.md: the
+    recipe's dev CER with and without); a prefix whose open word begins no word of the LM competes with ``weight``
+    times its letters' log-probability so far (plus ``oov_penalty``).
+
     Args:
-        path: ARPA file (gzip-compressed too), or a KenLM binary when ``oov_penalty`` is 0.
+        path: ARPA file (gzip-compressed too), or a KenLM binary when ``oov_penalty`` is 0 and no spelling LM.
         id_to_symbol: the tokenizer's ``{id: unit}``.
         weight: LM weight, >= 0 (0: words are only counted, with ``word_bonus``).
         word_bonus: added per word (> 0 offsets the LM's cost of each word, against deletions).
         oov_penalty: added (<= 0) per out-of-vocabulary word; 0: off.
+        spelling_path: the spelling LM (ARPA, or a KenLM binary): letters as its words; empty: none.
 
     Raises:
-        OSError: KenLM cannot read ``path``.
-        ValueError: a weight out of range or not finite; ``oov_penalty`` is not 0 and ``path`` is not an ARPA
-            file; most of the LM's words cannot be spelt with the units (an LM of text in another case or script).
+        OSError: KenLM cannot read ``path`` or ``spelling_path``.
+        ValueError: a weight out of range or not finite; ``oov_penalty`` is not 0 or ``spelling_path`` is given,
+            and ``path`` is not an ARPA file (its vocabulary is needed); most of the LM's words cannot be spelt with
+            the units (an LM of text in another case or script).
     """
 
     def __init__(self, path: str, id_to_symbol: dict[int, str], weight: float, word_bonus: float,
-                 oov_penalty: float = 0.0):
+                 oov_penalty: float = 0.0, spelling_path: str = ""):
         if not (math.isfinite(weight) and weight >= 0 and math.isfinite(word_bonus) and math.isfinite(oov_penalty)
                 and oov_penalty <= 0):
             raise ValueError(f"need lm_weight >= 0, a finite word_bonus and oov_penalty <= 0; got {weight}, "
@@ -245,13 +268,14 @@ class WordNgramLM:
         config = kenlm.Config()
         config.show_progress = False
         self.model = kenlm.Model(path, config)
+        self.spelling = kenlm.Model(spelling_path, config) if spelling_path else None
         self.weight, self.word_bonus, self.oov_penalty = weight, word_bonus, oov_penalty
         self.units = id_to_symbol
         self.starts_word = frozenset(i for i, unit in id_to_symbol.items() if unit.startswith(WORD_BOUNDARY))
         try:
             self.vocabulary = arpa_vocabulary(path) - {BOS, EOS, UNK}
         except ValueError:
-            if oov_penalty:
+            if oov_penalty or spelling_path:
                 raise
             self.vocabulary = set()  # a KenLM binary: its words are not checked
         letters = {c for unit in id_to_symbol.values() if unit not in SPECIAL_SYMBOLS for c in unit} - {WORD_BOUNDARY}
@@ -259,7 +283,9 @@ class WordNgramLM:
         if len(unspellable) > len(self.vocabulary) / 2:
             raise ValueError(f"{len(unspellable)} of the LM's {len(self.vocabulary)} words cannot be spelt with the "
                              f"model's units (e.g. {unspellable[0]!r}): an LM of text in another case or script?")
-        self.word_beginnings = {w[:n] for w in self.vocabulary for n in range(1, len(w) + 1)} if oov_penalty else set()
+        self.checks_words = bool(oov_penalty or spelling_path)
+        self.word_beginnings = ({w[:n] for w in self.vocabulary for n in range(1, len(w) + 1)} if self.checks_words
+                                else set())
 
     def _log_p(self, state: kenlm.State, word: str) -> tuple[float, kenlm.State]:
         out = kenlm.State()
@@ -274,26 +300,45 @@ class WordNgramLM:
         if not word:
             return part.closed, part.state
         log_p, state = self._log_p(part.state, word)
-        penalty = self.oov_penalty if self.oov_penalty and word not in self.vocabulary else 0.0
+        penalty = 0.0
+        if self.checks_words and word not in self.vocabulary:
+            penalty = self.oov_penalty
+            if self.spelling is not None:
+                log_p += part.spelt + LN_10 * self.spelling.BaseScore(part.spelling_state, EOS, kenlm.State())
         return part.closed + self.weight * log_p + self.word_bonus + penalty, state
+
+    def _spelling_start(self) -> kenlm.State | None:
+        if self.spelling is None:
+            return None
+        state = kenlm.State()
+        self.spelling.BeginSentenceWrite(state)
+        return state
 
     def start(self) -> LMPart:
         """The part of the empty prefix (state after ``<s>``)."""
         state = kenlm.State()
         self.model.BeginSentenceWrite(state)
-        return LMPart(0.0, 0.0, state, 0)
+        return LMPart(0.0, 0.0, state, 0, 0.0, self._spelling_start())
 
     def extend(self, part: LMPart, prefix: Sequence[int], token: int) -> LMPart:
         """The part of ``prefix + [token]``, given ``part`` of ``prefix``: a token starting a word closes the
         open one."""
         if token in self.starts_word:
             closed, state = self._close_word(part, prefix)
-            part = LMPart(closed, closed, state, len(prefix))
-        if not self.oov_penalty:
+            part = LMPart(closed, closed, state, len(prefix), 0.0, self._spelling_start())
+        if self.spelling is not None:
+            spelt, state = part.spelt, part.spelling_state
+            for letter in self.units[token].replace(WORD_BOUNDARY, ""):
+                out = kenlm.State()
+                spelt += LN_10 * self.spelling.BaseScore(state, letter, out)
+                state = out
+            part = part._replace(spelt=spelt, spelling_state=state)
+        if not self.checks_words:
             return part
         word = self._word((*prefix, token), part.word_start)
-        penalty = self.oov_penalty if word and word not in self.word_beginnings else 0.0
-        return part._replace(score=part.closed + penalty)
+        if word and word not in self.word_beginnings:
+            return part._replace(score=part.closed + self.oov_penalty + self.weight * part.spelt)
+        return part._replace(score=part.closed)
 
     def finish(self, part: LMPart, prefix: Sequence[int]) -> float:
         """The LM score of ``prefix`` as a whole hypothesis: its words, its open word and ``</s>``."""

@@ -51,9 +51,11 @@ decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
 beam_size=10
 lm_order=3                           # word n-gram LM from the training transcripts (stage 2); 0: decode without LM
 lm_common_words=0                    # the LM's vocabulary adds the N most frequent English words (wordfreq) it lacks
-lm_weight=0.4                        # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets)
-word_bonus=1.0
-oov_penalty=-10
+spelling_order=6                     # with the LM: letter n-gram that scores the spelling of its OOV words; 0: none
+spelling_common_words=30000          # its words: the training transcripts' and the N most frequent English words
+lm_weight=0.35                       # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets)
+word_bonus=0.5
+oov_penalty=0
 decode_batch_size=32
 decode_threads=0                     # per rank; 0: torch's default divided among the ranks of a node
 decode_nproc_per_node=               # decoding ranks per node; default: nproc_per_node
@@ -73,7 +75,10 @@ for opt in beam_size decode_batch_size num_utts_per_shard list_workers cmvn_work
 done
 [[ $decode_threads =~ ^[0-9]+$ ]] || die "--decode_threads must be a non-negative integer, got '$decode_threads'"
 [[ $lm_order =~ ^(0|[2-6])$ ]] || die "--lm_order must be 0 (no LM) or 2..6 (what KenLM loads), got '$lm_order'"
-[[ $lm_common_words =~ ^(0|[1-9][0-9]*)$ ]] || die "--lm_common_words must be a non-negative integer, got '$lm_common_words'"
+[[ $spelling_order =~ ^(0|[2-6])$ ]] || die "--spelling_order must be 0 (none) or 2..6 (what KenLM loads), got '$spelling_order'"
+for opt in lm_common_words spelling_common_words; do
+  [[ ${!opt} =~ ^(0|[1-9][0-9]*)$ ]] || die "--$opt must be a non-negative integer, got '${!opt}'"
+done
 for opt in lm_weight word_bonus oov_penalty; do
   [[ ${!opt} =~ ^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || die "--$opt must be a decimal number, got '${!opt}'"
 done
@@ -99,6 +104,8 @@ dict=$data/dict/units.txt
 bpemodel=$data/dict/bpe
 lm=$data/lm/lm_${lm_order}gram.arpa
 [ "$lm_common_words" = 0 ] || lm=$data/lm/lm_${lm_order}gram_${lm_common_words}common.arpa
+spelling_lm=$data/lm/spelling_${spelling_order}gram_${spelling_common_words}common.arpa
+(( lm_order > 0 )) || spelling_order=0  # the spelling LM scores the word LM's OOV words
 eval_sets() { for c in $corpora; do printf '%s_%s ' "$1" "$c"; done; }
 decode_dirs=$(eval_sets "$decode_sets")
 decode_dirs=${decode_dirs% }
@@ -166,6 +173,9 @@ fi
 if (( stage > 2 && stop_stage >= 5 && lm_order > 0 && lm_used )) && [ ! -f "$lm" ]; then  # now, not after training
   die "$lm is missing: run stage 2 (--stage 2), or decode without LM (--lm_order 0)"
 fi
+if (( stage > 2 && stop_stage >= 5 && spelling_order > 0 && lm_used )) && [ ! -f "$spelling_lm" ]; then
+  die "$spelling_lm is missing: run stage 2 (--stage 2 --stop_stage 2), or decode without it (--spelling_order 0)"
+fi
 
 if (( stage <= -1 && stop_stage >= -1 )); then
   echo "stage -1: corpora in $corpus_dir: $corpora"
@@ -200,6 +210,11 @@ if (( stage <= 2 && stop_stage >= 2 )); then
   if [ "$lm_order" -gt 0 ]; then
     echo "stage 2: word $lm_order-gram LM $lm from $data/train/text (+ $lm_common_words common English words)"
     python tools/train_ngram_lm.py --order "$lm_order" --common_words "$lm_common_words" "$data/train/text" "$lm"
+  fi
+  if [ "$spelling_order" -gt 0 ]; then
+    echo "stage 2: spelling $spelling_order-gram LM $spelling_lm from the words of $data/train/text (+ $spelling_common_words common English words)"
+    python tools/train_ngram_lm.py --spelling --order "$spelling_order" --common_words "$spelling_common_words" \
+      "$data/train/text" "$spelling_lm"
   fi
 fi
 
@@ -267,6 +282,10 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
   if (( lm_order > 0 && lm_used )); then
     lm_options=(--lm "$lm" --lm_weight "$lm_weight" --word_bonus "$word_bonus" --oov_penalty "$oov_penalty")
     lm_title=", $lm_order-gram LM (+ $lm_common_words common words) weight $lm_weight bonus $word_bonus penalty $oov_penalty"
+    if [ "$spelling_order" -gt 0 ]; then
+      lm_options+=(--spelling_lm "$spelling_lm")
+      lm_title+=", spelling $spelling_order-gram (+ $spelling_common_words common words)"
+    fi
   fi
   echo "stage 5: decoding $decode_dirs with $decode_modes${lm_title}, $num_nodes node(s) x $decode_nproc_per_node process(es)"
   for x in $decode_dirs; do

@@ -115,6 +115,14 @@ def test_the_tool_writes_the_arpa_and_refuses_an_empty_text(tmp_path):
     assert run.returncode == 1 and run.stderr.strip().splitlines() == [f"{empty}: no words to estimate an n-gram "
                                                                       "model from"]
     assert not (tmp_path / "x.arpa").exists()
+    # the spelling LM: the distinct words of the text, letter by letter
+    run = subprocess.run(tool + ["--spelling", str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "sentences 10, words 40, ngram 1 " in run.stdout, run.stderr
+    assert arpa_vocabulary(str(out)) == set("EFGHINORSTUVWXZ") | {"<s>", "</s>", "<unk>"}
+    spelling = kenlm.Model(str(out))
+    after_zer = {c: prob(spelling, "ZER", c) for c in "EFGHINORSTUVWXZ"}  # "ZER" only ever goes on to "O"
+    assert max(after_zer, key=after_zer.get) == "O" and after_zer["O"] > 0.5
     run = subprocess.run(tool + [str(tmp_path / "missing"), str(out)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1 and "No such file" in run.stderr
 
@@ -148,6 +156,30 @@ def test_the_oov_penalty_applies_from_where_a_word_leaves_the_vocabulary_and_to_
     # Once complete, the OOV word keeps its penalty: nothing is gained by ending it early.
     expected = math.log(10) * model.score("SIX SQ S") - 10.0 * 2  # "S" is no word of the LM either
     assert lm.finish(part, prefix) == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_spelling_lm_scores_an_oov_word_by_its_letters_from_where_it_leaves_the_vocabulary(tmp_path):
+    _, path = kenlm_model(tmp_path, [["SIX"], ["SEVEN"]], order=2)
+    model = kenlm.Model(str(path))
+    spelling, spelling_path = kenlm_model(tmp_path, [list("SIX"), list("SEVEN"), list("SIXES")], order=3,
+                                          name="spelling.arpa")
+    units = {0: "<blank>", 1: "<unk>", 2: "▁", 3: "S", 4: "I", 5: "X", 6: "E", 7: "Q"}
+    lm = WordNgramLM(str(path), units, weight=0.5, word_bonus=1.0, oov_penalty=-2.0, spelling_path=str(spelling_path))
+    ln = math.log(10)
+    partial, part, prefix = [], lm.start(), []
+    for token in [3, 4, 5, 2, 3, 7, 2, 3, 6]:  # S I X ▁ S Q ▁ S E: "SQ" begins no word, "SE" begins SEVEN
+        part = lm.extend(part, prefix, token)
+        prefix.append(token)
+        partial.append(part.score - part.closed)
+    # letters so far, without the word's end
+    assert partial[:5] == [0.0] * 5 and partial[6:] == [0.0] * 3
+    assert partial[5] == pytest.approx(-2.0 + 0.5 * ln * spelling.score("S Q", bos=True, eos=False), rel=1e-6)
+    # In-vocabulary words score as without the spelling LM; each OOV word adds its whole spelling, </s> included.
+    expected = (0.5 * ln * (model.score("SIX SQ SE") + spelling.score("S Q") + spelling.score("S E"))
+                + 1.0 * 3 - 2.0 * 2)
+    assert lm.finish(part, prefix) == pytest.approx(expected, rel=1e-6)
+    # An English-like unseen word costs less than an unlikely one, where a flat penalty makes them equal.
+    assert spelling.score("S I X E S") > spelling.score("Q X Q E I") + 3
 
 
 def test_bad_lm_settings_and_an_lm_the_units_cannot_spell_are_refused(tmp_path):
