@@ -45,3 +45,13 @@ def test_bad_options_stop_before_any_stage(tmp_path, options, message):
     assert message in proc.stderr, proc.stderr
     assert not re.search(r"^stage -?\d", proc.stdout, re.M) and not (tmp_path / "exp").exists()
     assert "Traceback" not in proc.stderr
+
+
+def test_decoding_without_the_spelling_lm_of_stage_2_stops_before_any_stage(tmp_path):
+    (tmp_path / "data/lm").mkdir(parents=True)
+    (tmp_path / "data/lm/lm_3gram.arpa").write_text("an LM from before the spelling LM\n")
+    proc = subprocess.run(["bash", os.path.join(REPO, "run.sh"), "--stage", "5", "--data", str(tmp_path / "data"),
+                           "--dir", str(tmp_path / "exp")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and not re.search(r"^stage -?\d", proc.stdout, re.M), proc.stdout + proc.stderr
+    assert proc.stderr.strip().endswith("spelling_6gram_30000common.arpa is missing: run stage 2 (--stage 2 "
+                                        "--stop_stage 2), or decode without it (--spelling_order 0)"), proc.stderr

@@ -214,7 +214,7 @@ def arpa_vocabulary(path: str) -> set[str]:
             if line.strip() == "\\1-grams:":
                 break
         else:
-            raise ValueError("no \\1-grams: section: not an ARPA file (the OOV penalty needs one)")
+            raise ValueError("no \\1-grams: section: not an ARPA file (the OOV penalty and the spelling LM need one)")
         for line in f:
             fields = line.split()
             if not fields:
