@@ -189,7 +189,8 @@ def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_wor
 
 class LMPart(NamedTuple):
     """The LM's part of one prefix in CTC prefix beam search: ``score`` (what the prefix competes on: ``closed``,
-    plus the OOV penalty while its open word begins no word of the LM), the fused score of its complete words
+    plus the OOV penalty and the weighted spelling score of its letters while its open word begins no word of the
+    LM), the fused score of its complete words
     (``closed``), the KenLM state after them, where in the prefix the open word starts, and, with a spelling LM,
     the natural-log probability of the open word's letters so far and the spelling LM's state after them."""
     score: float
