@@ -38,11 +38,11 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
-from toolkit.distributed.collectives import all_gather_objects, all_reduce_sum
+from toolkit.distributed.collectives import all_gather_objects, all_reduce_sum, broadcast_from_main
 from toolkit.distributed.join import FlagJoin, MonitoredBarrierJoin
 from toolkit.distributed.main_only import main_process_only
 from toolkit.engine.base import Engine
@@ -263,10 +263,12 @@ class Executor:
         engine: a prepared engine.
         join: keeps the ranks in lock-step; every rank takes the same number of steps.
         checkpointer: saves ``step_N`` checkpoints when due, and the epoch's at :func:`save_model`.
-        train_conf: ``accum_grad``, ``log_interval``, ``max_epoch``, ``seed`` (the data seed).
+        train_conf: ``accum_grad``, ``log_interval``, ``max_epoch``, ``max_train_minutes``, ``seed`` (the data
+            seed).
         frame_shift_s: seconds per feature frame (``dataset_conf.fbank_conf.frame_shift``), for audio seconds.
         data_signature: what a mid-epoch resume must find unchanged (:func:`data_signature`).
         utts_per_epoch: utterances in the training list (all ranks), for the ETA.
+        clock: seconds on a monotonic clock, for ``max_train_minutes``; only global rank 0's decides.
 
     Attributes:
         writer: rank 0's tensorboard ``SummaryWriter`` (None elsewhere, or to log nothing); set it after
@@ -274,13 +276,17 @@ class Executor:
     """
 
     def __init__(self, engine: Engine, join: FlagJoin | MonitoredBarrierJoin, checkpointer: Checkpointer,
-                 train_conf: TrainConf, frame_shift_s: float, data_signature: str, utts_per_epoch: int = 0):
+                 train_conf: TrainConf, frame_shift_s: float, data_signature: str, utts_per_epoch: int = 0,
+                 clock: Callable[[], float] = time.monotonic):
         self.engine = engine
         self.join = join
         self.checkpointer = checkpointer
         self.accum_grad = train_conf.accum_grad
         self.log_interval = train_conf.log_interval
         self.max_epoch = train_conf.max_epoch
+        self.max_train_s = 60.0 * train_conf.max_train_minutes
+        self.clock = clock
+        self._deadline = math.inf  # rank 0's clock: when max_train_minutes runs out (set by epochs())
         self.frame_shift_s = frame_shift_s
         self.utts_per_rank = -(-utts_per_epoch // engine.ctx.world_size)
         self.writer = None
@@ -325,8 +331,29 @@ class Executor:
                      progress.batches_in_epoch, progress.step)
 
     def epochs(self) -> Iterator[int]:
-        """The epochs left to train (from the resumed one), each set in :attr:`progress` while it runs."""
-        for epoch in range(self.progress.epoch, self.max_epoch):
+        """The epochs left to train (from the resumed one), each set in :attr:`progress` while it runs.
+
+        Collective with ``train_conf.max_train_minutes`` (M > 0): no epoch starts that would end past M minutes
+        from this call. Before each epoch after the first, global rank 0 adds its longest epoch so far (the time
+        between two of these checks: training, CV and the save) to the time spent, and broadcasts whether that
+        passes M; every rank follows, so ranks whose clocks disagree stop together. The bound is this process's:
+        a resumed job has M minutes again. Epochs speed up and slow down with the machine, so the longest one
+        measured, not the last, is the guess.
+        """
+        first = self.progress.epoch
+        started = last = self.clock()
+        self._deadline = started + self.max_train_s if self.max_train_s > 0 else math.inf
+        longest = 0.0
+        for epoch in range(first, self.max_epoch):
+            if epoch > first and self.max_train_s > 0:
+                now = self.clock()
+                longest, last = max(longest, now - last), now
+                if broadcast_from_main(now - started + longest > self.max_train_s, "Executor.epochs"):
+                    if self.engine.ctx.is_main:
+                        logging.info("train_conf.max_train_minutes %g: stopping after epoch %d of max_epoch %d: "
+                                     "%.1f minutes trained, and the longest epoch took %.1f", self.max_train_s / 60,
+                                     epoch - 1, self.max_epoch, (now - started) / 60, longest / 60)
+                    return
             self.progress.epoch = epoch
             yield epoch
 
@@ -412,6 +439,7 @@ class Executor:
         utts_total = self.utts_per_rank * (self.max_epoch - progress.epoch)
         if utts_total > stats.num_utts > utts_before:
             eta = elapsed / (stats.num_utts - utts_before) * (utts_total - stats.num_utts)
+            eta = min(eta, self._deadline - self.clock())  # max_train_minutes stops before its deadline
             parts.append(f"ETA {eta / 60:.1f} min")
         logging.info(" | ".join(parts))
         if self.writer is not None:

@@ -20,6 +20,10 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 class TrainConf:
     """Attributes:
         max_epoch: epochs to train.
+        max_train_minutes: also stop before an epoch that would end past this many minutes of the run's training
+            (0 disables): global rank 0 predicts it from its longest epoch so far, train + CV + save, and every
+            rank follows (:meth:`toolkit.engine.executor.Executor.epochs`). For a budget in time on machines whose
+            speed varies (fairseq's ``--stop-time-hours`` instead stops at the first update past it).
         accum_grad: micro-batches per optimizer step (gradient accumulation).
         grad_clip: max global L2 norm of the gradients; 0 disables clipping (the norm is still logged).
         log_interval: optimizer steps between log lines and tensorboard points.
@@ -40,6 +44,7 @@ class TrainConf:
 
     SECTION: ClassVar[str] = "train_conf"
     max_epoch: int = 10
+    max_train_minutes: float = 0.0
     accum_grad: int = 1
     grad_clip: float = 5.0
     log_interval: int = 20
@@ -62,6 +67,8 @@ class TrainConf:
                     getattr(self, key))
         require(self.grad_clip >= 0, "train_conf.grad_clip", "a non-negative number (0 disables clipping)",
                 self.grad_clip)
+        require(self.max_train_minutes >= 0, "train_conf.max_train_minutes", "a non-negative number (0 disables)",
+                self.max_train_minutes)
         require(self.save_interval_minutes >= 0, "train_conf.save_interval_minutes", "a non-negative number",
                 self.save_interval_minutes)
         require(self.join_timeout_s > 0, "train_conf.join_timeout_s", "a positive number of seconds",

@@ -92,6 +92,7 @@ def test_train_yaml_round_trips(tmp_path):
     ({"grad_clip": math.nan}, "train_conf.grad_clip: expected a finite number"),
     ({"grad_clip": -1.0}, "train_conf.grad_clip must be a non-negative number"),
     ({"save_interval_minutes": math.inf}, "train_conf.save_interval_minutes: expected a finite number"),
+    ({"max_train_minutes": -1.0}, "train_conf.max_train_minutes must be a non-negative number"),
     ({"join_timeout_s": math.nan}, "train_conf.join_timeout_s: expected a finite number"),
     ({"seed": "777"}, "train_conf.seed: expected an integer"),
 ])
