@@ -22,6 +22,8 @@ def test_rank_0_clock_stops_every_rank_after_the_same_epoch(tmp_path, max_train_
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
     assert reports[0] == reports[1] == {"epochs": epochs, "steps": 4 * len(epochs)}
+    announced = f"train_conf.max_train_minutes {max_train_minutes:g}: no epoch starts that would end past it"
+    assert (announced in proc.stderr) == bool(max_train_minutes)
     if max_train_minutes:
         assert (f"train_conf.max_train_minutes {max_train_minutes:g}: stopping after epoch {epochs[-1]} of max_epoch 10"
                 in proc.stderr)

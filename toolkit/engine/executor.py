@@ -343,6 +343,9 @@ class Executor:
         first = self.progress.epoch
         started = last = self.clock()
         self._deadline = started + self.max_train_s if self.max_train_s > 0 else math.inf
+        if self.max_train_s > 0 and self.engine.ctx.is_main:
+            logging.info("train_conf.max_train_minutes %g: no epoch starts that would end past it (max_epoch %d)",
+                         self.max_train_s / 60, self.max_epoch)
         longest = 0.0
         for epoch in range(first, self.max_epoch):
             if epoch > first and self.max_train_s > 0:

@@ -5,7 +5,7 @@
 #   bash run.sh                                # everything, stages -1..5
 #   bash run.sh --stage 4 --stop_stage 4       # only training
 #   bash run.sh --corpus_dir /data/my_corpora --corpora "fsdd" --dir exp/fsdd
-#   bash run.sh --nproc_per_node 8 --overrides "train_conf.max_epoch 100"   # GPUs: edit conf/train_conformer.yaml
+#   bash run.sh --nproc_per_node 8 --overrides "train_conf.max_epoch 100;train_conf.max_train_minutes 0"   # GPUs: edit conf/train_conformer.yaml
 #   bash run.sh --stage 5 --decode_nproc_per_node 4                        # decode with 4 ranks per node
 #   bash run.sh --num_nodes 2 --HOST_NODE_ADDR node0:29400   # run the same command on every node
 #   bash run.sh --stage 4 --stop_stage 4 --max_restarts 3     # a dead rank restarts the job from its last checkpoint
