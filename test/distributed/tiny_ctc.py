@@ -115,11 +115,13 @@ def assert_within_rounding(report: dict, reference: dict) -> None:
     assert max(max(b) for b in reference["bound"].values()) < 1e-3 * reference["moved"]
 
 
-def executor_for(engine, join, train_conf, out_dir: str, checkpointer=None):
+def executor_for(engine, join, train_conf, out_dir: str, checkpointer=None, **executor_kwargs):
     """An :class:`~toolkit.engine.executor.Executor` over ``engine`` for worker scripts that feed it lists of
-    batches (10 ms frames; with no checkpointer given, one in ``out_dir`` that only saves when asked)."""
+    batches (10 ms frames; with no checkpointer given, one in ``out_dir`` that only saves when asked;
+    ``executor_kwargs`` such as ``clock`` go to the Executor)."""
     from toolkit.engine.checkpointer import Checkpointer
     from toolkit.engine.executor import Executor
 
     checkpointer = checkpointer or Checkpointer(engine, out_dir, train_conf)
-    return Executor(engine, join, checkpointer, train_conf, frame_shift_s=0.01, data_signature="test")
+    return Executor(engine, join, checkpointer, train_conf, frame_shift_s=0.01, data_signature="test",
+                    **executor_kwargs)

@@ -14,15 +14,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_ctc import TinyCTC, make_batch, utterances  # noqa: E402
+from tiny_ctc import executor_for, make_batch, prepared_ddp_engine, utterances  # noqa: E402
 
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import FlagJoin  # noqa: E402
-from toolkit.engine import init_engine  # noqa: E402
-from toolkit.engine.checkpointer import Checkpointer  # noqa: E402
-from toolkit.engine.executor import Executor  # noqa: E402
 from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
-from toolkit.utils.scheduler import init_optimizer_and_scheduler  # noqa: E402
 
 NUM_BATCHES, BATCH_SIZE = 4, 4
 out_dir, max_train_minutes = sys.argv[1], float(sys.argv[2])
@@ -44,14 +40,9 @@ class TickingLoader:
 
 
 train_conf = resolve_train_conf({"max_epoch": 10, "max_train_minutes": max_train_minutes})
-model = TinyCTC()
-optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
-                                                    {"warmup_steps": 2})
-engine = init_engine("torch_ddp", ctx, train_conf, find_unused_parameters=False)
-engine.prepare(model, optimizer, scheduler)
+engine, _ = prepared_ddp_engine(ctx, train_conf)
 join = FlagJoin(ctx.pg_timeout)
-executor = Executor(engine, join, Checkpointer(engine, out_dir, train_conf), train_conf, frame_shift_s=0.01,
-                    data_signature="test", clock=lambda: now[0])
+executor = executor_for(engine, join, train_conf, out_dir, clock=lambda: now[0])
 trained = []
 for epoch in executor.epochs():
     executor.train(TickingLoader())

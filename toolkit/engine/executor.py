@@ -343,19 +343,19 @@ class Executor:
         first = self.progress.epoch
         started = last = self.clock()
         self._deadline = started + self.max_train_s if self.max_train_s > 0 else math.inf
-        if self.max_train_s > 0 and self.engine.ctx.is_main:
-            logging.info("train_conf.max_train_minutes %g: no epoch starts that would end past it (max_epoch %d)",
-                         self.max_train_s / 60, self.max_epoch)
+        log = main_process_only(logging.info)
+        if self.max_train_s > 0:
+            log("train_conf.max_train_minutes %g: no epoch starts that would end past it (max_epoch %d)",
+                self.max_train_s / 60, self.max_epoch)
         longest = 0.0
         for epoch in range(first, self.max_epoch):
             if epoch > first and self.max_train_s > 0:
                 now = self.clock()
                 longest, last = max(longest, now - last), now
                 if broadcast_from_main(now - started + longest > self.max_train_s, "Executor.epochs"):
-                    if self.engine.ctx.is_main:
-                        logging.info("train_conf.max_train_minutes %g: stopping after epoch %d of max_epoch %d: "
-                                     "%.1f minutes trained, and the longest epoch took %.1f", self.max_train_s / 60,
-                                     epoch - 1, self.max_epoch, (now - started) / 60, longest / 60)
+                    log("train_conf.max_train_minutes %g: stopping after epoch %d of max_epoch %d: %.1f minutes "
+                        "trained, and the longest epoch took %.1f", self.max_train_s / 60, epoch - 1, self.max_epoch,
+                        (now - started) / 60, longest / 60)
                     return
             self.progress.epoch = epoch
             yield epoch
