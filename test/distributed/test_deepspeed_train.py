@@ -1,7 +1,7 @@
 """DeepSpeed through ``toolkit.bin.train`` on real tiny_fsdd speech: bf16 on the CPU trains (both engines autocast the
-same way; the model keeps its buffers in the weights' dtype), plain ``python -m toolkit.bin.train`` without torchrun
-works with DeepSpeed as with DDP, and a ZeRO checkpoint resumed on another number of ranks stops with one line
-instead of DeepSpeed's own traceback."""
+same way, DeepSpeed's inside the model's forward: test/toolkit/engine/test_deepspeed_precision.py), plain
+``python -m toolkit.bin.train`` without torchrun works with DeepSpeed as with DDP, and a ZeRO checkpoint resumed on
+another number of ranks stops with one line instead of DeepSpeed's own traceback."""
 
 import math
 import subprocess

@@ -31,6 +31,7 @@ as it must for decoding.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -44,7 +45,7 @@ import torch
 from toolkit.distributed.collectives import all_gather_objects
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import barrier, check_collective, run_on_main
-from toolkit.engine.base import Engine
+from toolkit.engine.base import PRECISIONS, Engine
 from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, load_extra_state,
                                       save_checkpoint)
@@ -169,6 +170,15 @@ def _cast_floats(dtype: torch.dtype):
     return hook
 
 
+def _autocast_forward(forward, device_type: str, dtype: torch.dtype):
+    """``forward`` run under ``torch.autocast(device_type, dtype)``, whatever the caller entered."""
+    @functools.wraps(forward)
+    def autocast_forward(*args, **kwargs):
+        with torch.autocast(device_type, dtype=dtype):
+            return forward(*args, **kwargs)
+    return autocast_forward
+
+
 class DeepSpeedEngine(Engine):
     """DeepSpeed engine.
 
@@ -200,9 +210,19 @@ class DeepSpeedEngine(Engine):
         if self.dtype == "bf16":
             # NOTE: DeepSpeed keeps bf16 weights; fp32 features would meet them in ops autocast leaves alone.
             self.model.module.register_forward_pre_hook(_cast_floats(torch.bfloat16))
+        if self.dtype != "fp32":
+            # NOTE: the model's own forward enters autocast: DeepSpeed's forward turns off one entered outside it
+            # on a GPU (deepspeed/runtime/torch_autocast.py, autocast_if_enabled), and its fp32 buffers (CMVN)
+            # would then meet the bf16 weights ("mat1 and mat2 must have the same dtype", H200, 2026-12-04).
+            module = self.model.module
+            module.forward = _autocast_forward(module.forward, self.ctx.device.type, PRECISIONS[self.dtype])
         self.optimizer = optimizer
         self.scheduler = scheduler
         return self.model
+
+    def autocast(self) -> ContextManager:
+        """Nothing: the model's forward enters autocast itself (see :meth:`prepare`)."""
+        return contextlib.nullcontext()
 
     def evaluation(self) -> ContextManager:
         """ZeRO-3: gather every parameter on every rank for the pass (collective; see the module docstring)."""
