@@ -36,6 +36,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     (["--stage", "4", "--stop_stage", "4"], "data/train/global_cmvn is missing: training needs it; run the stages "
                                           "before --stage 4 first"),
     (["--stage", "5"], "lm_3gram.arpa is missing: run stage 2 (--stage 2), or decode without LM (--lm_order 0)"),
+    (["--stage", "5", "--lm_order", "0", "--corpora", "fsdd"],
+     "data/test_fsdd/data.list is missing: stage 3 writes it for each of --corpora"),
 ])
 def test_bad_options_stop_before_any_stage(tmp_path, options, message):
     proc = subprocess.run(["bash", os.path.join(REPO, "run.sh"), "--corpus_dir", str(tmp_path / "nope"),

@@ -354,8 +354,8 @@ class Executor:
                 longest, last = max(longest, now - last), now
                 if broadcast_from_main(now - started + longest > self.max_train_s, "Executor.epochs"):
                     log("train_conf.max_train_minutes %g: stopping after epoch %d of max_epoch %d: %.1f minutes "
-                        "trained, and the longest epoch took %.1f", self.max_train_s / 60, epoch - 1, self.max_epoch,
-                        (now - started) / 60, longest / 60)
+                        "trained, and the longest epoch took %.1f minutes", self.max_train_s / 60, epoch - 1,
+                        self.max_epoch, (now - started) / 60, longest / 60)
                     return
             self.progress.epoch = epoch
             yield epoch

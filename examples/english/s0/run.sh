@@ -176,6 +176,11 @@ fi
 if (( stage > 2 && stop_stage >= 5 && spelling_order > 0 && lm_used )) && [ ! -f "$spelling_lm" ]; then
   die "$spelling_lm is missing: run stage 2 (--stage 2 --stop_stage 2), or decode without it (--spelling_order 0)"
 fi
+if (( stage > 3 && stop_stage >= 5 )); then  # every set to decode, before the first one is
+  for x in $decode_dirs; do
+    [ -f "$data/$x/data.list" ] || die "$data/$x/data.list is missing: stage 3 writes it for each of --corpora"
+  done
+fi
 
 if (( stage <= -1 && stop_stage >= -1 )); then
   echo "stage -1: corpora in $corpus_dir: $corpora"
