@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.engine import init_engine
 from toolkit.engine.checkpointer import Checkpointer, checkpoints_to_delete, rank_by_cv_loss
 from toolkit.engine.executor import EpochPosition, EpochStats, RunningEpochStats, TrainProgress
@@ -55,13 +54,6 @@ def test_delete_removes_the_commit_marker_first_and_the_shard_dir(tmp_path):
     assert delete_checkpoint(path) == [str(tmp_path / "step_4.yaml"), path, str(tmp_path / "step_4")]
     assert os.listdir(tmp_path) == []
     assert delete_checkpoint(path) == []  # a second delete is no error
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    ctx = init_distributed(timeout_s=30)
-    yield ctx
-    destroy_distributed()
 
 
 def make_engine(ctx):

@@ -8,24 +8,15 @@ import json
 import os
 import sys
 
-import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "distributed"))
 from tiny_ctc import TinyConformer, make_batch, utterances  # noqa: E402
 
-from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.engine import init_engine  # noqa: E402
 from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
 from toolkit.models.transformer.cmvn import GlobalCMVN  # noqa: E402
 from toolkit.utils.scheduler import init_optimizer_and_scheduler  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    ctx = init_distributed(timeout_s=30)
-    yield ctx
-    destroy_distributed()
 
 
 def test_bf16_conformer_with_cmvn_trains_when_deepspeed_turns_the_outer_autocast_off(one_rank, tmp_path):

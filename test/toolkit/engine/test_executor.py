@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from toolkit.dataset.conf import FbankConf
 from toolkit.dataset.processor import compute_fbank
-from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
 from toolkit.engine import init_engine
 from toolkit.engine.checkpointer import Checkpointer
@@ -65,13 +64,6 @@ class FrameCTC(torch.nn.Module):
                              target_lengths.masked_fill(excluded, 0), reduction="none")
         loss = per_utt.masked_fill(excluded, 0.0).sum() / (~excluded).sum().clamp(min=1)
         return {"loss": loss, "excluded": excluded}
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    ctx = init_distributed(timeout_s=30)
-    yield ctx
-    destroy_distributed()
 
 
 def executor_of(ctx, model, tmp_path, accum_grad=1) -> Executor:
