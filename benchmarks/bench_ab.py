@@ -22,13 +22,10 @@ import os
 import subprocess
 import sys
 
-from toolkit.utils.perf import fresh_dir, print_side_by_side, run_bench_train
+from toolkit.utils.perf import WORKTREE, fresh_dir, print_side_by_side, run_bench_train, source_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_TRAIN = os.path.join(REPO, "benchmarks", "bench_train.py")
-
-WORKTREE = "worktree"
-
 
 def get_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,24 +43,11 @@ def get_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def source_tree(rev: str, work_dir: str) -> str:
-    """The folder holding revision ``rev`` of this repository (made once as a detached git worktree)."""
-    if rev == WORKTREE:
-        return REPO
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    path = os.path.join(os.path.abspath(work_dir), f"src_{commit[:12]}")
-    if not os.path.isdir(path):
-        subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", path, commit], check=True,
-                       capture_output=True)
-    return path
-
-
 def variant(args: argparse.Namespace, side: str) -> dict:
     rev, overrides = getattr(args, f"{side}_rev"), getattr(args, f"{side}_override")
     env = dict(item.split("=", 1) for item in getattr(args, f"{side}_env"))
     label = " ".join([rev, *overrides, *(f"{k}={v}" for k, v in env.items())])
-    return {"label": label, "source": source_tree(rev, args.work_dir), "overrides": overrides, "env": env}
+    return {"label": label, "source": source_tree(REPO, rev, args.work_dir), "overrides": overrides, "env": env}
 
 
 def main() -> None:

@@ -37,6 +37,8 @@ import torch
 # The parts of a step, in the order they happen; ``other`` is the rest of the wall time.
 PARTS = ("data", "join", "forward", "backward", "allreduce", "optimizer", "log")
 EXTRAS = ("allreduce_busy", "gc")
+# The revision name of a repository's files as they are now (:func:`source_tree`).
+WORKTREE = "worktree"
 
 
 class StepClock:
@@ -368,6 +370,29 @@ def fresh_dir(path: str) -> str:
     return path
 
 
+def source_tree(repo: str, rev: str, work_dir: str) -> str:
+    """The folder holding revision ``rev`` of the git repository ``repo`` (made once, as a detached worktree under
+    ``work_dir``), or ``repo`` itself for ``rev`` :data:`WORKTREE` (its files as they are now). Raises
+    ``subprocess.CalledProcessError`` for a revision git does not know."""
+    if rev == WORKTREE:
+        return repo
+    commit = subprocess.run(["git", "-C", repo, "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    path = os.path.join(os.path.abspath(work_dir), f"src_{commit[:12]}")
+    if not os.path.isdir(path):
+        subprocess.run(["git", "-C", repo, "worktree", "add", "--detach", path, commit], check=True,
+                       capture_output=True)
+    return path
+
+
+def source_env(source: str, env: Optional[dict] = None) -> dict:
+    """The environment that runs the toolkit of the checkout ``source`` (its folder first on ``PYTHONPATH``,
+    ahead of an installed copy; ``PYTHONSAFEPATH`` keeps the working directory off ``sys.path``, where a recipe's
+    ``toolkit`` link would win), with ``env`` added."""
+    return {**os.environ, **(env or {}), "PYTHONSAFEPATH": "1",
+            "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
+
+
 def run_bench_train(bench_train: str, config: str, num_utts: int, work_dir: str, run_dir: str,
                     overrides: Iterable[str] = (), env: Optional[dict] = None, timeout_s: float = 1800.0) -> dict:
     """One run of 1 process of the script ``bench_train`` (``benchmarks/bench_train.py`` of a checkout of this
@@ -380,8 +405,7 @@ def run_bench_train(bench_train: str, config: str, num_utts: int, work_dir: str,
            "--nproc", "1", "--work_dir", work_dir, "--json", out, "--timeout_s", str(timeout_s)]
     for override in overrides:
         cmd += ["--override_config", override]
-    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
-    run_logged(cmd, os.path.join(run_dir, "bench.log"), timeout_s + 600, env, cwd=source)
+    run_logged(cmd, os.path.join(run_dir, "bench.log"), timeout_s + 600, source_env(source, env), cwd=source)
     with open(out, encoding="utf-8") as f:
         return next(iter(json.load(f)["runs"].values()))
 

@@ -1,4 +1,9 @@
-"""toolkit.utils.perf: the step clock's split adds up, the run summary's arithmetic, counted FLOPs."""
+"""toolkit.utils.perf: the step clock's split adds up, the run summary's arithmetic, counted FLOPs; a benchmark's
+subprocess runs the checkout it is given."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,7 +11,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from toolkit.config import Config
 from toolkit.models.registry import init_model
-from toolkit.utils.perf import PARTS, StepClock, count_train_flops, summarize_steps
+from toolkit.utils.perf import PARTS, StepClock, count_train_flops, source_env, summarize_steps
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _step(wall, frames, **parts):
@@ -71,3 +78,17 @@ def test_counted_flops_leave_out_the_recomputation_of_activation_checkpointing()
         model(*inputs)["loss"].backward()
     assert executed.get_total_flops() > plain  # the layers' forwards ran twice
     assert count_train_flops(model, inputs)["total"] == plain
+
+
+def test_a_benchmark_subprocess_imports_the_given_checkout_even_beside_a_recipe_link(tmp_path):
+    # bench_decode runs recognize from a recipe dir, whose `toolkit` link to this checkout sat first on sys.path
+    # (Python puts the working directory there for -m and -c) and won over PYTHONPATH.
+    other = tmp_path / "other_checkout" / "toolkit"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    os.symlink(os.path.join(REPO, "toolkit"), recipe / "toolkit")
+    out = subprocess.run([sys.executable, "-c", "import toolkit; print(toolkit.__file__)"], cwd=recipe,
+                         env=source_env(str(tmp_path / "other_checkout")), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(other / "__init__.py")

@@ -10,7 +10,6 @@
 """
 import heapq
 import math
-from collections import defaultdict
 from typing import Any, NamedTuple, Protocol, Sequence
 
 import torch
@@ -21,12 +20,13 @@ from toolkit.utils.common import BLANK_ID
 NEG_INF = float("-inf")
 
 
-def _log_add(*values: float) -> float:
-    """log(sum(exp(values))) without overflow; -inf when every value is -inf."""
-    top = max(values)
-    if top == NEG_INF:
-        return NEG_INF
-    return top + math.log(sum(math.exp(v - top) for v in values))
+def _log_add(a: float, b: float) -> float:
+    """log(exp(a) + exp(b)) without overflow; -inf when both are -inf."""
+    if a < b:
+        a, b = b, a
+    if b == NEG_INF:
+        return a
+    return a + math.log1p(math.exp(b - a))
 
 
 def ctc_greedy_search(ctc_log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
@@ -100,35 +100,44 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: Pref
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     top_k = min(beam_size, ctc_log_probs.size(1))
     top_values, top_ids = ctc_log_probs.topk(top_k, dim=1)
+    # prefix -> (log P of its alignments ending in blank, ... ending in its last token)
     beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, NEG_INF)}
     # The LM part of every prefix seen (a function of the prefix alone, so computed once).
     lm_parts: dict[tuple[int, ...], Any] = {(): lm.start()} if lm is not None else {}
     for values, ids in zip(top_values.tolist(), top_ids.tolist()):
-        next_beams: dict[tuple[int, ...], list[float]] = defaultdict(lambda: [NEG_INF, NEG_INF])
+        blank_log_p = None  # blank not among the frame's top_k
+        tokens = []
+        for log_p, token in zip(values, ids):
+            if token == BLANK_ID:
+                blank_log_p = log_p
+            else:
+                tokens.append((log_p, token))
+        # A prefix ending in blank after this frame comes only from itself; one ending in a token from itself (a
+        # repeat without blank) or from the prefix one token shorter.
+        ending_blank: dict[tuple[int, ...], float] = {}
+        ending_token: dict[tuple[int, ...], float] = {}
         for prefix, (p_blank, p_token) in beams.items():
+            p_prefix = _log_add(p_blank, p_token)
+            if blank_log_p is not None:
+                ending_blank[prefix] = p_prefix + blank_log_p
             last = prefix[-1] if prefix else None
-            for log_p, token in zip(values, ids):
-                if token == BLANK_ID:
-                    entry = next_beams[prefix]
-                    entry[0] = _log_add(entry[0], p_blank + log_p, p_token + log_p)
-                    continue
+            for log_p, token in tokens:
+                if token == last:
+                    ending_token[prefix] = _log_add(ending_token.get(prefix, NEG_INF), p_token + log_p)
+                    log_p += p_blank  # the repeat counts as a new token only after a blank
+                else:
+                    log_p += p_prefix
                 extended = prefix + (token,)
+                ending_token[extended] = _log_add(ending_token.get(extended, NEG_INF), log_p)
                 if lm is not None and extended not in lm_parts:
                     lm_parts[extended] = lm.extend(lm_parts[prefix], prefix, token)
-                if token == last:
-                    entry = next_beams[prefix]
-                    entry[1] = _log_add(entry[1], p_token + log_p)
-                    entry = next_beams[extended]
-                    entry[1] = _log_add(entry[1], p_blank + log_p)
-                else:
-                    entry = next_beams[extended]
-                    entry[1] = _log_add(entry[1], p_blank + log_p, p_token + log_p)
-        if lm is None:
-            best = heapq.nlargest(beam_size, next_beams.items(), key=lambda kv: _log_add(*kv[1]))
-        else:
-            best = heapq.nlargest(beam_size, next_beams.items(),
-                                  key=lambda kv: _log_add(*kv[1]) + lm_parts[kv[0]].score)
-        beams = {prefix: (probs[0], probs[1]) for prefix, probs in best}
+        scores = {prefix: _log_add(ending_blank.get(prefix, NEG_INF), p) for prefix, p in ending_token.items()}
+        for prefix, p in ending_blank.items():
+            scores.setdefault(prefix, p)
+        if lm is not None:
+            scores = {prefix: p + lm_parts[prefix].score for prefix, p in scores.items()}
+        beams = {prefix: (ending_blank.get(prefix, NEG_INF), ending_token.get(prefix, NEG_INF))
+                 for prefix in heapq.nlargest(beam_size, scores, key=scores.__getitem__)}
     if lm is None:
         return [Hypothesis(list(prefix), _log_add(*probs)) for prefix, probs in beams.items()]
     nbest = [Hypothesis(list(prefix), _log_add(*probs), lm.finish(lm_parts[prefix], prefix))

@@ -43,6 +43,27 @@ def test_prefix_beam_search_keeps_blank_separated_repeats():
     assert ctc_prefix_beam_search(merged, beam_size=2)[0] == Hypothesis([1], 0.0, 0.0)
 
 
+def test_prefix_beam_search_scores_are_the_ctc_likelihoods_when_nothing_is_pruned():
+    # 6 frames over blank, a, b: every labelling of up to 6 letters fits a beam of 200, so the n-best is all of
+    # them, each scored with its exact log P_ctc (torch's CTC loss sums the same alignments), summing to one.
+    torch.manual_seed(0)
+    log_probs = torch.randn(6, 3).mul(2).log_softmax(dim=1)
+    nbest = ctc_prefix_beam_search(log_probs, beam_size=200)
+    # All 127 labellings of length 0..6 over 2 letters; those needing more frames (a repeat takes a blank between)
+    # score -inf, as their CTC loss is infinite.
+    assert len(nbest) == 127 and sum(hyp.ctc_score == -math.inf for hyp in nbest) > 0
+    total = 0.0
+    for hyp in nbest:
+        expected = -torch.nn.functional.ctc_loss(log_probs.unsqueeze(1), torch.tensor([hyp.tokens]),
+                                                 torch.tensor([6]), torch.tensor([len(hyp.tokens)]),
+                                                 reduction="sum")
+        assert math.isclose(hyp.ctc_score, float(expected), rel_tol=1e-5, abs_tol=1e-5), hyp
+        total += math.exp(hyp.ctc_score)
+    assert math.isclose(total, 1.0, rel_tol=1e-5)
+    scores = [hyp.ctc_score for hyp in nbest]
+    assert scores == sorted(scores, reverse=True) and nbest[0].lm_score == 0.0
+
+
 def test_attention_rescoring_combines_decoder_ctc_and_length_scores():
     torch.manual_seed(0)
     decoder = TransformerDecoder(6, 16, attention_heads=2, linear_units=32, num_blocks=1).eval()
