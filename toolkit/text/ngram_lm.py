@@ -229,7 +229,7 @@ def arpa_vocabulary(path: str) -> set[str]:
 class WordNgramLM:
     """A word n-gram LM scoring the words of token-id prefixes, for shallow fusion in CTC prefix beam search
     (:func:`toolkit.models.transformer.search.ctc_prefix_beam_search`, which calls :meth:`start`,
-    :meth:`extend` and :meth:`finish`).
+    :meth:`extend`, :meth:`bound` and :meth:`finish`).
 
     A hypothesis' LM score is ``weight * ln P(w1 .. wk </s>) + word_bonus * k + oov_penalty * (OOV words)``
     (natural log). A word is the units from one token starting with ``▁`` (char ``▁`` or SentencePiece ``▁X``) up to
@@ -340,6 +340,13 @@ class WordNgramLM:
         if word and word not in self.word_beginnings:
             return part._replace(score=part.closed + self.oov_penalty + self.weight * part.spelt)
         return part._replace(score=part.closed)
+
+    def bound(self, part: LMPart) -> float:
+        """An upper bound on the score of every one-token extension of ``part``'s prefix: its complete words' score,
+        plus the word bonus if positive (a token that closes the open word adds ``weight`` x a log-probability,
+        the bonus and an OOV penalty <= 0; one that continues it adds a penalty and a spelling score <= 0 or
+        nothing)."""
+        return part.closed + max(0.0, self.word_bonus)
 
     def finish(self, part: LMPart, prefix: Sequence[int]) -> float:
         """The LM score of ``prefix`` as a whole hypothesis: its words, its open word and ``</s>``."""

@@ -10,7 +10,7 @@
 """
 import heapq
 import math
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, Iterable, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -70,6 +70,9 @@ class PrefixLM(Protocol):
     def extend(self, part: Any, prefix: Sequence[int], token: int) -> Any:
         """The part of ``prefix + [token]`` from the part of ``prefix``."""
 
+    def bound(self, part: Any) -> float:
+        """An upper bound on the score of every one-token extension of the prefix whose part is ``part``."""
+
     def finish(self, part: Any, prefix: Sequence[int]) -> float:
         """The LM score of ``prefix`` as a complete hypothesis."""
 
@@ -83,7 +86,8 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: Pref
     only the ``beam_size`` most likely tokens are expanded. With ``lm`` (shallow fusion, as in
     Hannun et al., 2014, eq. 3), prefixes compete on log P_ctc + their LM score so far (the words
     they have completed), and the final n-best is ranked on log P_ctc + the LM score of the whole
-    hypothesis (its last word and the end of sentence included).
+    hypothesis (its last word and the end of sentence included); a new prefix is scored by the LM only
+    once :meth:`PrefixLM.bound` says it could enter the beam (the same beam, with a fraction of the work).
 
     Args:
         ctc_log_probs: float32 (T_ctc, V) CTC log-posteriors of the valid CTC frames only.
@@ -102,7 +106,7 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: Pref
     top_values, top_ids = ctc_log_probs.topk(top_k, dim=1)
     # prefix -> (log P of its alignments ending in blank, ... ending in its last token)
     beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, NEG_INF)}
-    # The LM part of every prefix seen (a function of the prefix alone, so computed once).
+    # The LM part of every prefix scored so far (a function of the prefix alone, so computed once).
     lm_parts: dict[tuple[int, ...], Any] = {(): lm.start()} if lm is not None else {}
     for values, ids in zip(top_values.tolist(), top_ids.tolist()):
         blank_log_p = None  # blank not among the frame's top_k
@@ -129,20 +133,47 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: Pref
                     log_p += p_prefix
                 extended = prefix + (token,)
                 ending_token[extended] = _log_add(ending_token.get(extended, NEG_INF), log_p)
-                if lm is not None and extended not in lm_parts:
-                    lm_parts[extended] = lm.extend(lm_parts[prefix], prefix, token)
         scores = {prefix: _log_add(ending_blank.get(prefix, NEG_INF), p) for prefix, p in ending_token.items()}
         for prefix, p in ending_blank.items():
             scores.setdefault(prefix, p)
-        if lm is not None:
-            scores = {prefix: p + lm_parts[prefix].score for prefix, p in scores.items()}
-        beams = {prefix: (ending_blank.get(prefix, NEG_INF), ending_token.get(prefix, NEG_INF))
-                 for prefix in heapq.nlargest(beam_size, scores, key=scores.__getitem__)}
+        if lm is None:
+            best = heapq.nlargest(beam_size, scores, key=scores.__getitem__)
+        else:
+            best = _best_with_lm(scores, beam_size, lm, lm_parts, beams)
+        beams = {prefix: (ending_blank.get(prefix, NEG_INF), ending_token.get(prefix, NEG_INF)) for prefix in best}
     if lm is None:
         return [Hypothesis(list(prefix), _log_add(*probs)) for prefix, probs in beams.items()]
     nbest = [Hypothesis(list(prefix), _log_add(*probs), lm.finish(lm_parts[prefix], prefix))
              for prefix, probs in beams.items()]
     return sorted(nbest, key=lambda hyp: hyp.ctc_score + hyp.lm_score, reverse=True)
+
+
+def _best_with_lm(scores: dict[tuple[int, ...], float], beam_size: int, lm: PrefixLM,
+                  lm_parts: dict[tuple[int, ...], Any], parents: Iterable[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The ``beam_size`` prefixes of ``scores`` (log P_ctc) with the highest log P_ctc + LM score, best first
+    (equal totals in the order of ``scores``), extending the LM (into ``lm_parts``) only to the prefixes that can
+    still make the cut: a prefix not yet in ``lm_parts`` (a one-token extension of one of ``parents``) competes on
+    its parent's :meth:`PrefixLM.bound` until it reaches the top, and is then scored exactly and competes again.
+    The same prefixes as scoring every one first, with a fraction of the LM's work."""
+    ceilings = {parent: lm.bound(lm_parts[parent]) for parent in parents}
+    heap = []
+    for order, (prefix, p) in enumerate(scores.items()):
+        part = lm_parts.get(prefix)
+        if part is not None:
+            heap.append((-(p + part.score), order, prefix, True))
+        else:
+            heap.append((-(p + ceilings[prefix[:-1]]), order, prefix, False))
+    heapq.heapify(heap)
+    best = []
+    while heap and len(best) < beam_size:
+        _, order, prefix, exact = heapq.heappop(heap)
+        if exact:
+            best.append(prefix)
+        else:
+            parent = prefix[:-1]
+            part = lm_parts[prefix] = lm.extend(lm_parts[parent], parent, prefix[-1])
+            heapq.heappush(heap, (-(scores[prefix] + part.score), order, prefix, True))
+    return best
 
 
 def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,

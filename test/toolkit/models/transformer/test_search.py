@@ -157,3 +157,65 @@ def test_each_utterance_is_limited_by_its_own_encoder_length():
     for i, length in enumerate(lengths.tolist()):
         alone = attention_beam_search(decoder, torch.zeros(1, length, 4), mask[i:i + 1, :, :length], 0, eos, 3)
         assert alone == [batched[i]]
+
+
+class _EagerLM:
+    """A word LM whose bound promises nothing (1e30, above any score; inf would make -inf + inf): the search then
+    scores every candidate prefix exactly, as before it had bounds; counts the LM's extensions."""
+
+    def __init__(self, lm):
+        self.lm, self.extends = lm, 0
+
+    def start(self):
+        return self.lm.start()
+
+    def extend(self, part, prefix, token):
+        self.extends += 1
+        return self.lm.extend(part, prefix, token)
+
+    def bound(self, part):
+        return 1e30
+
+    def finish(self, part, prefix):
+        return self.lm.finish(part, prefix)
+
+
+def _letters_lm(tmp_path, word_bonus: float) -> WordNgramLM:
+    units = {0: "<blank>", 1: "<unk>", 2: "A", 3: "B", 4: "C", 5: "D", 6: "E", 7: "\u2581"}
+    sentences = [["BAD", "CAB"], ["DAD", "BED", "CAB"], ["ACE", "BAD"], ["BEAD", "DEAD", "BAD"], ["CAB", "CAB"]]
+    (tmp_path / "lm.arpa").write_text(kneser_ney_arpa(sentences, order=3), encoding="utf-8")
+    words = sorted({w for s in sentences for w in s})
+    (tmp_path / "spelling.arpa").write_text(kneser_ney_arpa([list(w) for w in words], order=3), encoding="utf-8")
+    return WordNgramLM(str(tmp_path / "lm.arpa"), units, 0.5, word_bonus, oov_penalty=-1.0,
+                       spelling_path=str(tmp_path / "spelling.arpa"))
+
+
+def test_the_lm_bound_prunes_extensions_without_changing_the_n_best(tmp_path):
+    # Only candidates whose bound can still make the cut are scored by the LM; the n-best (tokens, both scores,
+    # order) is the one of scoring every candidate, on peaky and flat posteriors, with a positive and a negative
+    # word bonus.
+    for word_bonus in (1.0, -0.5):
+        lm = _letters_lm(tmp_path, word_bonus)
+        for seed in range(6):
+            torch.manual_seed(seed)
+            log_probs = torch.randn(40, 8).mul(1.0 + seed).log_softmax(dim=1)
+            eager = _EagerLM(lm)
+            expected = ctc_prefix_beam_search(log_probs, beam_size=6, lm=eager)
+            counted = _EagerLM(lm)
+            counted.bound = lm.bound
+            assert ctc_prefix_beam_search(log_probs, beam_size=6, lm=counted) == expected
+            assert counted.extends < eager.extends
+
+
+def test_the_word_lm_bound_is_above_every_extension(tmp_path):
+    # WordNgramLM.bound against the score of each one-token extension, along random prefixes of letters and word
+    # starts (OOV words, the spelling LM and the penalty included).
+    for word_bonus in (1.0, -0.5, 0.0):
+        lm = _letters_lm(tmp_path, word_bonus)
+        rng = torch.Generator().manual_seed(0)
+        for _ in range(30):
+            prefix, part = [], lm.start()
+            for token in torch.randint(2, 8, (12,), generator=rng).tolist():
+                ceiling = lm.bound(part)
+                assert all(lm.extend(part, prefix, t).score <= ceiling + 1e-9 for t in range(2, 8))
+                part, prefix = lm.extend(part, prefix, token), prefix + [token]
