@@ -27,6 +27,7 @@ from toolkit.utils.perf import WORKTREE, fresh_dir, print_side_by_side, run_benc
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_TRAIN = os.path.join(REPO, "benchmarks", "bench_train.py")
 
+
 def get_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=os.path.join(REPO, "benchmarks", "conf", "conformer_6x256.yaml"))
