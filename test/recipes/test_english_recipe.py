@@ -46,6 +46,10 @@ def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
     decoding = json.loads((exp / "test_fsdd" / "decode_summary.json").read_text())  # stage 5 ran on 2 ranks
     assert decoding["world_size"] == 2 and sum(decoding["decoded_per_rank"]) == 500
     assert decoding["utterances"]["repeated"] == 0
+    run_sh = open(os.path.join(REPO, "examples/english/s0/run.sh"), encoding="utf-8").read()
+    defaults = {name: float(re.search(rf"^{name}=(\S+)", run_sh, re.M).group(1))
+                for name in ("beam_size", "length_penalty")}
+    assert decoding["search"] == {"ctc_weight": 0.5, **defaults}  # run.sh's search settings reach recognize
     assert decoding["lm"]["path"].endswith("lm/lm_3gram.arpa") and (tmp_path / "data/lm/lm_3gram.arpa").is_file()
     spelling = tmp_path / "data/lm/spelling_6gram_30000common.arpa"  # the recipe's default, built in stage 2
     assert decoding["lm"]["spelling_lm"] == str(spelling) and spelling.is_file()

@@ -168,6 +168,7 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
                             if args.lm and mode in LM_METHODS else "")
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
+        "search": {"beam_size": args.beam_size, "ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty},
         "lm": {"path": args.lm, "lm_weight": args.lm_weight, "word_bonus": args.word_bonus,
                "oov_penalty": args.oov_penalty, "spelling_lm": args.spelling_lm or None} if args.lm else None,
         "world_size": len(job.decoded_per_rank),

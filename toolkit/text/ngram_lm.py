@@ -43,8 +43,10 @@ LN_10 = math.log(10.0)
 def modified_kn_discounts(adjusted_counts: Iterable[int], order: int = 0) -> tuple[float, float, float]:
     """D1, D2, D3+ of one order from its n-grams' adjusted counts (Chen & Goodman, eq. 26).
 
-    Returns :data:`FALLBACK_DISCOUNTS` (and logs a warning naming ``order``) when an order has no n-gram seen
-    exactly 1, 2, 3 or 4 times, or a discount falls outside (0, k).
+    Returns :data:`FALLBACK_DISCOUNTS` when an order has no n-gram seen exactly 1, 2, 3 or 4 times, or a discount
+    falls outside (0, k): logged as a warning naming ``order`` (too little text), or as information when every
+    n-gram of the order was seen more than 4 times (a spelling model's letters: nothing is sparse, and the discounts
+    barely matter).
     """
     n = Counter(count for count in adjusted_counts if count <= 4)
     if all(n[k] > 0 for k in (1, 2, 3, 4)):
@@ -52,9 +54,12 @@ def modified_kn_discounts(adjusted_counts: Iterable[int], order: int = 0) -> tup
         discounts = tuple(k - (k + 1) * y * n[k + 1] / n[k] for k in (1, 2, 3))
         if all(0 < d < k for k, d in zip((1, 2, 3), discounts)):
             return discounts
-    logging.warning("modified Kneser-Ney, %d-grams: counts of counts %s give no valid discounts (too little text, or "
-                    "every one seen more than 4 times, as letters); using %s", order, [n[k] for k in (1, 2, 3, 4)],
-                    FALLBACK_DISCOUNTS)
+    if not n:
+        logging.info("modified Kneser-Ney, %d-grams: every one seen more than 4 times (as letters are), so the counts "
+                     "of counts give no discounts; using %s", order, FALLBACK_DISCOUNTS)
+    else:
+        logging.warning("modified Kneser-Ney, %d-grams: counts of counts %s give no valid discounts (too little "
+                        "text); using %s", order, [n[k] for k in (1, 2, 3, 4)], FALLBACK_DISCOUNTS)
     return FALLBACK_DISCOUNTS
 
 

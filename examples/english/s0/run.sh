@@ -53,8 +53,9 @@ lm_order=3                           # word n-gram LM from the training transcri
 lm_common_words=0                    # the LM's vocabulary adds the N most frequent English words (wordfreq) it lacks
 spelling_order=6                     # with the LM: letter n-gram that scores the spelling of its OOV words; 0: none
 spelling_common_words=30000          # its words: the training transcripts' and the N most frequent English words
-lm_weight=0.35                       # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets)
+lm_weight=0.30                       # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets, runs sp15 and lp)
 word_bonus=0.5
+length_penalty=2.0                   # attention rescoring: added per token (> 0 favours longer hypotheses; run lp)
 oov_penalty=0
 decode_batch_size=32
 decode_threads=0                     # per rank; 0: torch's default divided among the ranks of a node
@@ -79,7 +80,7 @@ done
 for opt in lm_common_words spelling_common_words; do
   [[ ${!opt} =~ ^(0|[1-9][0-9]*)$ ]] || die "--$opt must be a non-negative integer, got '${!opt}'"
 done
-for opt in lm_weight word_bonus oov_penalty; do
+for opt in lm_weight word_bonus oov_penalty length_penalty; do
   [[ ${!opt} =~ ^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || die "--$opt must be a decimal number, got '${!opt}'"
 done
 [[ $lm_weight != -* ]] || die "--lm_weight must be >= 0, got '$lm_weight'"
@@ -299,8 +300,8 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
     launch --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x") -m toolkit.bin.recognize \
       --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
       --test_data "$data/$x/data.list" --result_dir "$dir/$x" --modes $decode_modes \
-      --beam_size "$beam_size" --batch_size "$decode_batch_size" --num_threads "$decode_threads" \
-      "${lm_options[@]}"
+      --beam_size "$beam_size" --length_penalty "$length_penalty" --batch_size "$decode_batch_size" \
+      --num_threads "$decode_threads" "${lm_options[@]}"
   done
   written=1
   for x in $decode_dirs; do [ -f "$dir/$x/decode_summary.json" ] || written=0; done

@@ -1,5 +1,6 @@
 """The word n-gram LM: modified Kneser-Ney estimates checked by hand and through KenLM, on real transcripts."""
 import gzip
+import logging
 import math
 import subprocess
 import sys
@@ -36,7 +37,14 @@ def test_discounts_follow_chen_and_goodman_from_counts_of_counts():
     y = 10 / (10 + 2 * 4)
     expected = (1 - 2 * y * 4 / 10, 2 - 3 * y * 2 / 4, 3 - 4 * y * 1 / 2)
     assert modified_kn_discounts(counts) == pytest.approx(expected)
-    assert modified_kn_discounts([1, 1, 2]) == FALLBACK_DISCOUNTS  # nothing seen 3 or 4 times
+
+
+def test_the_fallback_discounts_warn_of_sparse_text_and_not_of_saturated_counts(caplog):
+    with caplog.at_level(logging.INFO):
+        assert modified_kn_discounts([1, 1, 2], order=3) == FALLBACK_DISCOUNTS  # nothing seen 3 or 4 times
+        assert modified_kn_discounts([5, 9, 40], order=1) == FALLBACK_DISCOUNTS  # letters: all seen more than 4 times
+    levels = [(record.levelno, record.getMessage().split(":")[0]) for record in caplog.records]
+    assert levels == [(logging.WARNING, "modified Kneser-Ney, 3-grams"), (logging.INFO, "modified Kneser-Ney, 1-grams")]
 
 
 def test_a_bigram_model_computed_by_hand(tmp_path):
