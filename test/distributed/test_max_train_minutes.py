@@ -1,6 +1,6 @@
-"""``train_conf.max_train_minutes`` on 2 real gloo ranks whose clocks disagree: global rank 0's clock decides
-before each epoch whether the next one would end past the bound, and both ranks stop after the same epoch (one
-deciding on its own clock would leave the other in a collective alone)."""
+"""``train_conf.max_train_minutes`` on 2 real gloo ranks whose clocks disagree: global rank 0's clock decides, after
+every step, whether training stops there, keeping the longest CV + save so far for the end, and both ranks cut the
+epoch at the same step (one deciding on its own clock would leave the other in a collective alone)."""
 
 import json
 import os
@@ -12,18 +12,33 @@ from .launch import run_ranks
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_time_bound.py")
 
 
-@pytest.mark.parametrize("max_train_minutes, epochs", [
-    (10 / 60, [0, 1]),  # 4 s an epoch: after epoch 1, 8 s + 4 s would pass 10 s
-    (12 / 60, [0, 1, 2]),  # 12 s exactly fits the third epoch
-    (0.0, list(range(10))),  # disabled: max_epoch
+# Rank 0's clock: epoch e's step k ends at 5e + k + 1 s (k = 1..3: the join reads a batch ahead), its step 4 at
+# 5e + 4 s, its CV and save at 5e + 5 s; from epoch 1 on, steps stop once the clock reaches M - 1 s.
+@pytest.mark.parametrize("max_train_minutes, trained", [
+    (10.5 / 60, [[0, 4, False], [1, 8, False]]),  # epoch 1 ends at 9 s, before 9.5; its CV at 10 s, past it
+    (12.5 / 60, [[0, 4, False], [1, 8, False], [2, 9, True]]),  # epoch 2's step 1 ends at 12 s, past 11.5
+    (13.5 / 60, [[0, 4, False], [1, 8, False], [2, 10, True]]),  # its step 2 ends at 13 s, past 12.5
+    (3.5 / 60, [[0, 3, True]]),  # no CV time kept in the first epoch: its step 3 ends at 4 s, past 3.5
+    (0.0, [[e, 4 * (e + 1), False] for e in range(10)]),  # disabled: max_epoch
 ])
-def test_rank_0_clock_stops_every_rank_after_the_same_epoch(tmp_path, max_train_minutes, epochs):
-    proc = run_ranks(WORKER, str(tmp_path), str(max_train_minutes), timeout=150)
+def test_rank_0_clock_cuts_every_rank_at_the_same_step(tmp_path, max_train_minutes, trained):
+    check_time_bound(tmp_path, max_train_minutes, trained, "flag")
+
+
+def test_the_monitored_barrier_join_is_cut_at_the_same_step(tmp_path):
+    # No read-ahead: epoch 2's step k ends at 10 + k s, so step 2 is the first past 11.5.
+    check_time_bound(tmp_path, 12.5 / 60, [[0, 4, False], [1, 8, False], [2, 10, True]], "monitored_barrier")
+
+
+def check_time_bound(tmp_path, max_train_minutes, trained, join_mode):
+    proc = run_ranks(WORKER, str(tmp_path), str(max_train_minutes), join_mode, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
-    assert reports[0] == reports[1] == {"epochs": epochs, "steps": 4 * len(epochs)}
-    announced = f"train_conf.max_train_minutes {max_train_minutes:g}: no epoch starts that would end past it"
+    assert reports[0] == reports[1] == trained
+    announced = f"train_conf.max_train_minutes {max_train_minutes:g}: training stops there"
     assert (announced in proc.stderr) == bool(max_train_minutes)
+    epoch, steps, cut = trained[-1]
+    assert (f"epoch {epoch} cut short after {steps - 4 * epoch} batches (step {steps})" in proc.stderr) == cut
     if max_train_minutes:
-        assert (f"train_conf.max_train_minutes {max_train_minutes:g}: stopping after epoch {epochs[-1]} of max_epoch 10"
+        assert (f"train_conf.max_train_minutes {max_train_minutes:g}: stopping after epoch {epoch} of max_epoch 10"
                 in proc.stderr)

@@ -286,7 +286,11 @@ class Executor:
         self.max_epoch = train_conf.max_epoch
         self.max_train_s = 60.0 * train_conf.max_train_minutes
         self.clock = clock
-        self._deadline = math.inf  # rank 0's clock: when max_train_minutes runs out (set by epochs())
+        # Rank 0's clock (set by epochs()): when the run started, when its training steps must stop so that the
+        # last epoch's CV and save still end within max_train_minutes, and when this rank's last train() ended.
+        self._started = self._train_ended = clock()
+        self._deadline = math.inf
+        self.cut_short = False  # whether the last train() stopped at the deadline before the epoch's end
         self.frame_shift_s = frame_shift_s
         self.utts_per_rank = -(-utts_per_epoch // engine.ctx.world_size)
         self.writer = None
@@ -333,29 +337,31 @@ class Executor:
     def epochs(self) -> Iterator[int]:
         """The epochs left to train (from the resumed one), each set in :attr:`progress` while it runs.
 
-        Collective with ``train_conf.max_train_minutes`` (M > 0): no epoch starts that would end past M minutes
-        from this call. Before each epoch after the first, global rank 0 adds its longest epoch so far (the time
-        between two of these checks: training, CV and the save) to the time spent, and broadcasts whether that
-        passes M; every rank follows, so ranks whose clocks disagree stop together. The bound is this process's:
-        a resumed job has M minutes again. Epochs speed up and slow down with the machine, so the longest one
-        measured, not the last, is the guess.
+        Collective with ``train_conf.max_train_minutes`` (M > 0), which bounds the run from this call: training
+        steps stop at M minutes less the longest CV + save so far (the time from the end of a :meth:`train` to the
+        next epoch), so that the epoch in progress is cut short there (see :meth:`train`) and its CV and save still
+        end by M; no epoch starts past that point. Global rank 0's clock decides and broadcasts every decision, so
+        ranks whose clocks disagree stop together. The bound is this process's: a resumed job has M minutes again.
         """
         first = self.progress.epoch
-        started = last = self.clock()
-        self._deadline = started + self.max_train_s if self.max_train_s > 0 else math.inf
+        bounded = self.max_train_s > 0
+        self._started = self._train_ended = self.clock()
+        self._deadline = self._started + self.max_train_s if bounded else math.inf
         log = main_process_only(logging.info)
-        if self.max_train_s > 0:
-            log("train_conf.max_train_minutes %g: no epoch starts that would end past it (max_epoch %d)",
-                self.max_train_s / 60, self.max_epoch)
-        longest = 0.0
+        if bounded:
+            log("train_conf.max_train_minutes %g: training stops there, cutting short the epoch in progress, and "
+                "keeps the longest CV + save so far for its end (max_epoch %d)", self.max_train_s / 60,
+                self.max_epoch)
+        tail = 0.0  # the longest CV + save so far
         for epoch in range(first, self.max_epoch):
-            if epoch > first and self.max_train_s > 0:
+            if epoch > first and bounded:
                 now = self.clock()
-                longest, last = max(longest, now - last), now
-                if broadcast_from_main(now - started + longest > self.max_train_s, "Executor.epochs"):
+                tail = max(tail, now - self._train_ended)
+                self._deadline = self._started + self.max_train_s - tail
+                if broadcast_from_main(now >= self._deadline, "Executor.epochs"):
                     log("train_conf.max_train_minutes %g: stopping after epoch %d of max_epoch %d: %.1f minutes "
-                        "trained, and the longest epoch took %.1f minutes", self.max_train_s / 60, epoch - 1,
-                        self.max_epoch, (now - started) / 60, longest / 60)
+                        "trained, the longest CV + save %.1f s", self.max_train_s / 60, epoch - 1, self.max_epoch,
+                        (now - self._started) / 60, tail)
                     return
             self.progress.epoch = epoch
             yield epoch
@@ -369,6 +375,11 @@ class Executor:
         moved to the epoch and the loader's own generator reseeded, so a resumed job replays the same data order
         and worker seeds. With :attr:`progress` inside the epoch, the set leaves out the batches
         :attr:`position` says were accounted for.
+
+        With ``train_conf.max_train_minutes``, after every optimizer step global rank 0 broadcasts whether its clock
+        has reached the deadline that :meth:`epochs` set (a collective per step); if so, every rank ends the epoch
+        at that same step (:attr:`cut_short`). The rest of the epoch, including batches the loader or the join
+        already read ahead, is neither trained nor counted.
         """
         progress, engine, join, position = self.progress, self.engine, self.join, self.position
         if progress.batches_in_epoch == 0:
@@ -387,6 +398,7 @@ class Executor:
         model.train()
         self._clock = (time.perf_counter(), stats.audio_s, stats.num_utts)  # what this process trains from here
         micro = 0  # micro-batches since the last optimizer step
+        self.cut_short = False
         engine.zero_grad()
 
         def on_empty(batch: dict) -> None:  # a B=0 batch: only skip counts
@@ -423,10 +435,19 @@ class Executor:
                 self.checkpointer.save(f"step_{progress.step}", {
                     "epoch": progress.epoch, "step": progress.step, "batches_in_epoch": progress.batches_in_epoch,
                     "lr": engine.lr, "tag": f"step_{progress.step}"})
+            if self.max_train_s > 0 and broadcast_from_main(self.clock() >= self._deadline, "Executor.train"):
+                self.cut_short = True
+                main_process_only(logging.info)(
+                    "train_conf.max_train_minutes %g: epoch %d cut short after %d batches (step %d), %.1f minutes "
+                    "trained", self.max_train_s / 60, progress.epoch, progress.batches_in_epoch, progress.step,
+                    (self.clock() - self._started) / 60)
+                break
         progress.batches_in_epoch = 0
         stats.dropped_batches = join.report.dropped
         engine.zero_grad()  # monitored_barrier mode cannot know the last step: its cut-short accumulation is dropped
-        return stats.reduce()
+        stats = stats.reduce()
+        self._train_ended = self.clock()
+        return stats
 
     @main_process_only
     def _log_step(self, stats: EpochStats, out: dict, loss: float, lr: float, grad_norm: float) -> None:
@@ -478,7 +499,7 @@ class Executor:
                 "train_loss": train.loss, "train_utts": train.num_utts, "cv_utts": cv.num_utts,
                 "skipped": dict(train.skipped), "cv_skipped": dict(cv.skipped),
                 "dropped_batches": train.dropped_batches, "dropped_utts": train.dropped_utts,
-                "skipped_steps": train.skipped_steps, "tag": f"epoch_{progress.epoch}"}
+                "skipped_steps": train.skipped_steps, "cut_short": self.cut_short, "tag": f"epoch_{progress.epoch}"}
         self._log_epoch(info)
         progress.epoch += 1  # what the checkpoint resumes: the next epoch from its start
         return info

@@ -20,10 +20,11 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 class TrainConf:
     """Attributes:
         max_epoch: epochs to train.
-        max_train_minutes: also stop before an epoch that would end past this many minutes of the run's training
-            (0 disables): global rank 0 predicts it from its longest epoch so far, train + CV + save, and every
-            rank follows (:meth:`toolkit.engine.executor.Executor.epochs`). For a budget in time on machines whose
-            speed varies (fairseq's ``--stop-time-hours`` instead stops at the first update past it).
+        max_train_minutes: also stop training after this many minutes of the run (0 disables): the epoch in
+            progress is cut short at the step where global rank 0's clock reaches the bound less the longest CV +
+            save so far, then cross-validated and saved, so that the run ends by the bound; every rank follows rank
+            0 (:meth:`toolkit.engine.executor.Executor.epochs`). For a budget in time on machines whose speed varies
+            (as fairseq's ``--stop-time-hours``, which stops at the first update past it).
         accum_grad: micro-batches per optimizer step (gradient accumulation).
         grad_clip: max global L2 norm of the gradients; 0 disables clipping (the norm is still logged).
         log_interval: optimizer steps between log lines and tensorboard points.
