@@ -20,6 +20,13 @@ def test_training_drops_each_element_with_probability_p_and_scales_the_rest():
     assert abs(pairs - (1 - p) ** 2) < 6 * math.sqrt((1 - p) ** 2 / (n - 1))
 
 
+@pytest.mark.parametrize("shape", [(3, 1, 5), (1,), (0, 4)])  # an odd number of elements; none
+def test_odd_and_empty_tensors_keep_their_shape(shape):
+    x = torch.ones(shape)
+    y = Dropout(0.5).train()(x)
+    assert y.shape == x.shape and bool(((y == 0) | (y == 2.0)).all())
+
+
 def test_gradient_is_the_mask_times_the_scale_and_masks_repeat_under_a_seed():
     x = torch.randn(4, 50, 16, requires_grad=True)
     dropout = Dropout(0.3).train()
