@@ -8,6 +8,7 @@ dither): bit for bit."""
 import json
 import os
 
+import pytest
 import torch
 import yaml
 
@@ -50,4 +51,7 @@ def test_zero3_cv_with_a_rank_that_has_no_cv_batch(tmp_path):
             loss = model.eval()(batch["feats"], batch["feats_lengths"], batch["target"], batch["target_lengths"])
     finally:
         torch.set_num_threads(threads)
-    assert info["cv_loss"] == float(loss["loss"])
+    # The run scored it on ZeRO-3's gathered parameters, this on the consolidated checkpoint in another process: the
+    # same weights, but float32 kernels may sum in another order (seen 1 ulp apart, 11.769744873 against 11.769743919,
+    # for some trained weights). A wrong reduction over the rank with no CV batch would be off by far more (half).
+    assert info["cv_loss"] == pytest.approx(float(loss["loss"]), rel=1e-6)
