@@ -14,23 +14,16 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_time_b
 
 # Rank 0's clock: epoch e's step k ends at 5e + k + 1 s (k = 1..3: the join reads a batch ahead), its step 4 at
 # 5e + 4 s, its CV and save at 5e + 5 s; from epoch 1 on, steps stop once the clock reaches M - 1 s.
-@pytest.mark.parametrize("max_train_minutes, trained", [
-    (10.5 / 60, [[0, 4, False], [1, 8, False]]),  # epoch 1 ends at 9 s, before 9.5; its CV at 10 s, past it
-    (12.5 / 60, [[0, 4, False], [1, 8, False], [2, 9, True]]),  # epoch 2's step 1 ends at 12 s, past 11.5
-    (13.5 / 60, [[0, 4, False], [1, 8, False], [2, 10, True]]),  # its step 2 ends at 13 s, past 12.5
-    (3.5 / 60, [[0, 3, True]]),  # no CV time kept in the first epoch: its step 3 ends at 4 s, past 3.5
-    (0.0, [[e, 4 * (e + 1), False] for e in range(10)]),  # disabled: max_epoch
+@pytest.mark.parametrize("join_mode, max_train_minutes, trained", [
+    ("flag", 10.5 / 60, [[0, 4, False], [1, 8, False]]),  # epoch 1 ends at 9 s, before 9.5; its CV at 10 s, past it
+    ("flag", 12.5 / 60, [[0, 4, False], [1, 8, False], [2, 9, True]]),  # epoch 2's step 1 ends at 12 s, past 11.5
+    ("flag", 13.5 / 60, [[0, 4, False], [1, 8, False], [2, 10, True]]),  # its step 2 ends at 13 s, past 12.5
+    ("flag", 3.5 / 60, [[0, 3, True]]),  # no CV time kept in the first epoch: its step 3 ends at 4 s, past 3.5
+    ("flag", 0.0, [[e, 4 * (e + 1), False] for e in range(10)]),  # disabled: max_epoch
+    # monitored_barrier reads no batch ahead: epoch 2's step k ends at 10 + k s, so step 2 is the first past 11.5.
+    ("monitored_barrier", 12.5 / 60, [[0, 4, False], [1, 8, False], [2, 10, True]]),
 ])
-def test_rank_0_clock_cuts_every_rank_at_the_same_step(tmp_path, max_train_minutes, trained):
-    check_time_bound(tmp_path, max_train_minutes, trained, "flag")
-
-
-def test_the_monitored_barrier_join_is_cut_at_the_same_step(tmp_path):
-    # No read-ahead: epoch 2's step k ends at 10 + k s, so step 2 is the first past 11.5.
-    check_time_bound(tmp_path, 12.5 / 60, [[0, 4, False], [1, 8, False], [2, 10, True]], "monitored_barrier")
-
-
-def check_time_bound(tmp_path, max_train_minutes, trained, join_mode):
+def test_rank_0_clock_cuts_every_rank_at_the_same_step(tmp_path, join_mode, max_train_minutes, trained):
     proc = run_ranks(WORKER, str(tmp_path), str(max_train_minutes), join_mode, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
     reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
