@@ -76,6 +76,9 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--beam_size", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--ctc_weight", type=float, default=0.5, help="CTC weight in attention rescoring")
+    parser.add_argument("--reverse_weight", type=float,
+                        help="weight of the right-to-left decoder's score in attention rescoring, in [0, 1] "
+                             "(decoder: bitransformer only; default: the model's model_conf.reverse_weight)")
     parser.add_argument("--length_penalty", type=float, default=0.0,
                         help="added to a hypothesis' log-probability per token, in attention (on top of its length "
                              "normalisation) and attention rescoring; > 0 favours longer outputs")
@@ -128,7 +131,7 @@ def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device:
                 results.no_encoder_frame += 1
             hyps = model.decode(args.modes, batch["feats"].to(device), batch["feats_lengths"].to(device),
                                 beam_size=args.beam_size, ctc_weight=args.ctc_weight,
-                                length_penalty=args.length_penalty, lm=lm)
+                                length_penalty=args.length_penalty, lm=lm, reverse_weight=args.reverse_weight)
             for mode, token_ids in hyps.items():
                 results.hyps[mode] += [tokenizer.detokenize(ids)[0] for ids in token_ids]
             results.keys += batch["keys"]
@@ -168,7 +171,8 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
                             if args.lm and mode in LM_METHODS else "")
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
-        "search": {"beam_size": args.beam_size, "ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty},
+        "search": {"beam_size": args.beam_size, "ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty,
+                   "reverse_weight": args.reverse_weight},
         "lm": {"path": args.lm, "lm_weight": args.lm_weight, "word_bonus": args.word_bonus,
                "oov_penalty": args.oov_penalty, "spelling_lm": args.spelling_lm or None} if args.lm else None,
         "world_size": len(job.decoded_per_rank),
@@ -256,6 +260,12 @@ def main(argv=None) -> None:
     model = init_model(config)
     model.load_state_dict(load_checkpoint(args.checkpoint)[MODEL_KEY])
     model.to(ctx.device).eval()
+    if args.reverse_weight is None:
+        args.reverse_weight = model.reverse_weight
+    elif not 0.0 <= args.reverse_weight <= 1.0 or (args.reverse_weight > 0.0 and model.reverse_weight == 0.0):
+        raise ConfigError(f"--reverse_weight {args.reverse_weight}: must be in [0, 1], and > 0 only for a model with "
+                          f"the bidirectional decoder (decoder: bitransformer); {args.config} has "
+                          f"decoder: {config.decoder}")
     # 4. decode this rank's share; the bar on rank 0 counts every rank's utterances
     start = time.perf_counter()
     with JobProgress(total=len(listed), desc="decode", unit="utt") as progress, torch.no_grad():

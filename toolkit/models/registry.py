@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from toolkit.models.transformer.asr_model import ASRModel
 from toolkit.models.transformer.cmvn import GlobalCMVN, load_global_cmvn
 from toolkit.models.transformer.ctc import CTC
-from toolkit.models.transformer.decoder import TransformerDecoder
+from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
 from toolkit.utils.config import ConfigError
 
 ENCODERS = {"conformer": ConformerEncoder, "transformer": TransformerEncoder}
-DECODERS = {"transformer": TransformerDecoder}
+DECODERS = {"bitransformer": BiTransformerDecoder, "transformer": TransformerDecoder}
 CMVNS = ("global_cmvn",)
 
 # Filled in by init_model from other config entries, never from a *_conf dict.
@@ -47,10 +47,10 @@ def init_model(conf, input_dim: int | None = None, vocab_size: int | None = None
 
     Args:
         conf: a :class:`toolkit.config.Config`, or the config as a plain mapping (a loaded YAML), with
-            ``encoder`` (conformer|transformer) and ``encoder_conf``, ``decoder`` (transformer) and ``decoder_conf``,
-            ``ctc_conf`` (:class:`CTC` keywords: dropout_rate, upsample), ``model_conf`` (:class:`ASRModel`
-            keywords: ctc_weight, lsm_weight, length_normalized_loss, interctc_weight), ``cmvn`` (``global_cmvn``
-            or None) and ``cmvn_conf`` (``{cmvn_file}``).
+            ``encoder`` (conformer|transformer) and ``encoder_conf``, ``decoder`` (transformer|bitransformer) and
+            ``decoder_conf``, ``ctc_conf`` (:class:`CTC` keywords: dropout_rate, upsample), ``model_conf``
+            (:class:`ASRModel` keywords: ctc_weight, lsm_weight, length_normalized_loss, interctc_weight,
+            reverse_weight), ``cmvn`` (``global_cmvn`` or None) and ``cmvn_conf`` (``{cmvn_file}``).
         input_dim: D, the fbank bins of the features (default: the config's ``input_dim``).
         vocab_size: V, the symbol table's size, ``<sos/eos>`` = V - 1 (default: the config's ``output_dim``).
 

@@ -61,7 +61,7 @@ def test_transformer_encoder_without_cmvn():
 def test_unknown_encoder_name_lists_choices():
     with pytest.raises(ValueError, match=r"\['conformer', 'transformer'\]"):
         init_model(_config(encoder="lstm"), 80, 30)
-    with pytest.raises(ValueError, match=r"\['transformer'\]"):
+    with pytest.raises(ValueError, match=r"\['bitransformer', 'transformer'\]"):
         init_model(_config(decoder="rnn"), 80, 30)
     with pytest.raises(ValueError, match="global_cmvn"):
         init_model(_config(cmvn="utterance_cmvn"), 80, 30)

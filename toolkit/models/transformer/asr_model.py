@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from toolkit.models.transformer.ctc import CTC, min_ctc_frames
-from toolkit.models.transformer.decoder import TransformerDecoder
+from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 from toolkit.models.transformer.encoder import BaseEncoder
 from toolkit.models.transformer.label_smoothing_loss import LabelSmoothingLoss
 from toolkit.models.transformer.search import (PrefixLM, attention_beam_search, attention_rescoring,
@@ -43,18 +43,36 @@ def add_sos_eos(ys_pad: torch.Tensor, ys_lens: torch.Tensor, sos: int, eos: int,
     return ys_in, ys_out
 
 
+def reverse_pad_list(ys_pad: torch.Tensor, ys_lens: torch.Tensor, pad_value: int = IGNORE_ID) -> torch.Tensor:
+    """Each row's tokens last to first, for the right-to-left decoder.
+
+    Example: [[7, 8, 9], [4, 5, -1]] with lengths [3, 2] -> [[9, 8, 7], [5, 4, -1]].
+
+    Args:
+        ys_pad: int64 (B, L) tokens padded with anything; ys_lens: int64 (B,) token counts.
+
+    Returns:
+        int64 (B, L): row b's first ``ys_lens[b]`` tokens reversed, then ``pad_value``.
+    """
+    positions = torch.arange(ys_pad.size(1), device=ys_pad.device).unsqueeze(0)
+    source = (ys_lens.unsqueeze(1) - 1 - positions).clamp(min=0)
+    return ys_pad.gather(1, source).masked_fill(positions >= ys_lens.unsqueeze(1), pad_value)
+
+
 class ASRModel(nn.Module):
     """Encoder + CTC head + attention decoder, trained with
     loss = ctc_weight * loss_ctc + (1 - ctc_weight) * loss_att, where with intermediate CTC (Lee & Watanabe,
     2021, arXiv:2102.03216) loss_ctc is (1 - interctc_weight) * the last layer's CTC loss + interctc_weight * the
     mean CTC loss of the encoder layers ``encoder.interctc_layer_idx``, all through the one CTC head; with
     self-conditioned CTC (Nozaki & Komatsu, 2021, arXiv:2104.02724) those layers' CTC posteriors are also fed back
-    into the encoder (:meth:`BaseEncoder.set_self_conditioning`).
+    into the encoder (:meth:`BaseEncoder.set_self_conditioning`); with U2++'s bidirectional decoder (Wu et al.,
+    2021, arXiv:2106.05642) loss_att is (1 - reverse_weight) * the left-to-right decoder's loss + reverse_weight *
+    the right-to-left decoder's on the reversed tokens.
 
     Args:
         vocab_size: V; ``<sos/eos>`` = V - 1.
         encoder: TransformerEncoder or ConformerEncoder.
-        decoder: TransformerDecoder.
+        decoder: TransformerDecoder, or BiTransformerDecoder (with ``reverse_weight`` > 0).
         ctc: CTC head.
         ctc_weight: in [0, 1]; 1.0 skips the decoder loss, 0.0 skips the CTC loss.
         lsm_weight: label smoothing of the attention loss.
@@ -64,17 +82,21 @@ class ASRModel(nn.Module):
             last layer.
         interctc_use_conditioning: self-conditioned CTC on the intermediate CTC layers (ESPnet's name); needs
             ``interctc_weight`` > 0. It changes the encoder, so decoding conditions too.
+        reverse_weight: in [0, 1); > 0 needs a BiTransformerDecoder, which needs it > 0 (its right-to-left
+            decoder would get no gradient). Also the default weight of the right-to-left score in attention
+            rescoring.
 
     Raises:
         ValueError: ``ctc_weight`` outside [0, 1], ``interctc_weight`` outside [0, 1), or ``interctc_weight``
             and ``encoder.interctc_layer_idx`` not given together (or without a CTC branch), or
-            ``interctc_use_conditioning`` without intermediate CTC.
+            ``interctc_use_conditioning`` without intermediate CTC, or ``reverse_weight`` outside [0, 1) or not
+            given together with a BiTransformerDecoder.
     """
 
-    def __init__(self, vocab_size: int, encoder: BaseEncoder, decoder: TransformerDecoder,
+    def __init__(self, vocab_size: int, encoder: BaseEncoder, decoder: TransformerDecoder | BiTransformerDecoder,
                  ctc: CTC, ctc_weight: float = 0.5, lsm_weight: float = 0.0,
                  length_normalized_loss: bool = False, interctc_weight: float = 0.0,
-                 interctc_use_conditioning: bool = False):
+                 interctc_use_conditioning: bool = False, reverse_weight: float = 0.0):
         super().__init__()
         if not 0.0 <= ctc_weight <= 1.0:
             raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
@@ -89,6 +111,12 @@ class ASRModel(nn.Module):
                 raise ValueError("interctc_use_conditioning needs intermediate CTC (interctc_weight > 0 and "
                                  "encoder_conf.interctc_layer_idx)")
             encoder.set_self_conditioning(ctc)
+        if not 0.0 <= reverse_weight < 1.0:
+            raise ValueError(f"reverse_weight must be in [0, 1), got {reverse_weight}")
+        if (reverse_weight > 0.0) != isinstance(decoder, BiTransformerDecoder):
+            raise ValueError(f"reverse_weight > 0 and the bidirectional decoder (decoder: bitransformer) go together; "
+                             f"got reverse_weight {reverse_weight} with {type(decoder).__name__}")
+        self.reverse_weight = reverse_weight
         self.interctc_weight = interctc_weight
         self.vocab_size = vocab_size
         self.sos = vocab_size - 1
@@ -111,7 +139,9 @@ class ASRModel(nn.Module):
         with gradients enabled a layer keeps only its inputs and recomputes its activations in the backward pass
         (see :mod:`toolkit.models.activation_checkpointing`); evaluation, decoding and TorchScript are unchanged."""
         self.encoder.activation_checkpointing = enabled
-        self.decoder.activation_checkpointing = enabled
+        for module in self.decoder.modules():
+            if isinstance(module, TransformerDecoder):
+                module.activation_checkpointing = enabled
 
     def forward(self, feats: torch.Tensor, feats_lengths: torch.Tensor, target: torch.Tensor,
                 target_lengths: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
@@ -177,12 +207,20 @@ class ASRModel(nn.Module):
     def _attention_loss(self, encoder_out: torch.Tensor, encoder_mask: torch.Tensor,
                         target: torch.Tensor, target_lengths: torch.Tensor, excluded: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Label-smoothed decoder loss and teacher-forced accuracy over non-ignored tokens; the
-        rows of ``excluded`` (B,) utterances are all ignored (not even their ``eos`` counts)."""
+        """Label-smoothed decoder loss (with a right-to-left decoder, the ``reverse_weight`` mix of the two
+        directions') and the left-to-right decoder's teacher-forced accuracy over non-ignored tokens; the rows of
+        ``excluded`` (B,) utterances are all ignored (not even their ``eos`` counts)."""
         ys_in, ys_out = add_sos_eos(target, target_lengths, self.sos, self.eos)
         ys_out = ys_out.masked_fill(excluded.unsqueeze(1), IGNORE_ID)
         logits = self.decoder(encoder_out, encoder_mask, ys_in, target_lengths + 1)
         loss_att = self.criterion_att(logits, ys_out)
+        if self.reverse_weight > 0.0:
+            r_ys_in, r_ys_out = add_sos_eos(reverse_pad_list(target, target_lengths), target_lengths, self.sos,
+                                            self.eos)
+            r_ys_out = r_ys_out.masked_fill(excluded.unsqueeze(1), IGNORE_ID)
+            r_logits = self.decoder.forward_reverse(encoder_out, encoder_mask, r_ys_in, target_lengths + 1)
+            loss_att = ((1.0 - self.reverse_weight) * loss_att
+                        + self.reverse_weight * self.criterion_att(r_logits, r_ys_out))
         with torch.no_grad():
             valid = ys_out != IGNORE_ID
             correct = ((logits.argmax(dim=2) == ys_out) & valid).sum()
@@ -191,7 +229,7 @@ class ASRModel(nn.Module):
 
     def decode(self, methods: list[str], feats: torch.Tensor, feats_lengths: torch.Tensor,
                beam_size: int = 10, ctc_weight: float = 0.5, length_penalty: float = 0.0,
-               lm: PrefixLM | None = None) -> dict[str, list[list[int]]]:
+               lm: PrefixLM | None = None, reverse_weight: float | None = None) -> dict[str, list[list[int]]]:
         """Recognise a batch with one or more decoding methods, running the encoder once.
 
         Call ``model.eval()`` first: dropout and BatchNorm follow the module's mode.
@@ -206,6 +244,8 @@ class ASRModel(nn.Module):
                 by score per decoding step (see :func:`attention_beam_search`).
             lm: language model fused into CTC prefix beam search, so into its n-best for attention
                 rescoring too (:func:`ctc_prefix_beam_search`); None: no LM.
+            reverse_weight: weight of the right-to-left decoder's score in attention rescoring, in [0, 1] (the
+                left-to-right one's is 1 - reverse_weight); None: the model's ``reverse_weight``.
 
         An utterance with no valid encoder frame (fewer than 7 fbank frames, see
         :meth:`BaseEncoder.output_lengths`) gets the empty hypothesis in every method, alone or in
@@ -215,8 +255,14 @@ class ASRModel(nn.Module):
             {method: B token-id lists in batch order}.
 
         Raises:
-            ValueError: an unknown method name.
+            ValueError: an unknown method name, or ``reverse_weight`` outside [0, 1] or > 0 without a
+                right-to-left decoder.
         """
+        if reverse_weight is None:
+            reverse_weight = self.reverse_weight
+        if not 0.0 <= reverse_weight <= 1.0 or (reverse_weight > 0.0 and self.reverse_weight == 0.0):
+            raise ValueError(f"reverse_weight must be in [0, 1] and needs the bidirectional decoder (decoder: "
+                             f"bitransformer) when > 0; got {reverse_weight} with {type(self.decoder).__name__}")
         unknown = [m for m in methods if m not in DECODING_METHODS]
         if unknown:
             raise ValueError(
@@ -244,6 +290,6 @@ class ASRModel(nn.Module):
                     results["attention_rescoring"] = [
                         attention_rescoring(self.decoder, encoder_out[i:i + 1, :length],
                                             encoder_mask[i:i + 1, :, :length], nbest, self.sos,
-                                            self.eos, ctc_weight, length_penalty)
+                                            self.eos, ctc_weight, length_penalty, reverse_weight)
                         for i, (nbest, length) in enumerate(zip(nbests, lengths.tolist()))]
         return results

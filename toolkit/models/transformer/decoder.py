@@ -1,5 +1,5 @@
-"""Attention decoder of the hybrid CTC/attention model (Vaswani et al., 2017,
-arXiv:1706.03762; Watanabe et al., 2017, hybrid CTC/attention)."""
+"""Attention decoders of the hybrid CTC/attention model (Vaswani et al., 2017, arXiv:1706.03762; Watanabe et al.,
+2017, hybrid CTC/attention): left-to-right, and U2++'s bidirectional pair (Wu et al., 2021, arXiv:2106.05642)."""
 from typing import Optional
 
 import torch
@@ -108,3 +108,60 @@ class TransformerDecoder(nn.Module):
         if self.after_norm is not None:
             last = self.after_norm(last)
         return torch.log_softmax(self.output_layer(last), dim=-1), new_cache
+
+
+class BiTransformerDecoder(nn.Module):
+    """U2++'s bidirectional decoder (Wu et al., 2021, "U2++: Unified Two-pass Bidirectional End-to-end Model for
+    Speech Recognition", arXiv:2106.05642): a left-to-right :class:`TransformerDecoder` of ``num_blocks`` layers
+    and a right-to-left one of ``r_num_blocks`` layers that reads each token sequence reversed, each with its own
+    embedding and output layer, both attending to the same encoder output. Training weighs their losses by
+    ``model_conf.reverse_weight``; attention rescoring scores each hypothesis in both directions. The other
+    keyword arguments are :class:`TransformerDecoder`'s (the ``decoder_conf`` keys), shared by the two.
+
+    Raises:
+        ValueError: ``r_num_blocks`` < 1.
+    """
+
+    def __init__(self, vocab_size: int, encoder_output_size: int, attention_heads: int = 4,
+                 linear_units: int = 2048, num_blocks: int = 6, r_num_blocks: int = 1, dropout_rate: float = 0.1,
+                 positional_dropout_rate: float = 0.1, self_attention_dropout_rate: float = 0.0,
+                 src_attention_dropout_rate: float = 0.0, normalize_before: bool = True):
+        super().__init__()
+        if r_num_blocks < 1:
+            raise ValueError(f"r_num_blocks must be >= 1 (the right-to-left decoder's layers), got {r_num_blocks}")
+
+        def stack(blocks: int) -> TransformerDecoder:
+            return TransformerDecoder(vocab_size, encoder_output_size, attention_heads, linear_units, blocks,
+                                      dropout_rate, positional_dropout_rate, self_attention_dropout_rate,
+                                      src_attention_dropout_rate, normalize_before)
+
+        self.left_decoder = stack(num_blocks)
+        self.right_decoder = stack(r_num_blocks)
+
+    def forward(self, memory: torch.Tensor, memory_mask: torch.Tensor, ys_in_pad: torch.Tensor,
+                ys_in_lens: torch.Tensor) -> torch.Tensor:
+        """The left-to-right decoder's teacher-forced pass: :meth:`TransformerDecoder.forward`'s contract."""
+        return self.left_decoder(memory, memory_mask, ys_in_pad, ys_in_lens)
+
+    @torch.jit.export
+    def forward_reverse(self, memory: torch.Tensor, memory_mask: torch.Tensor, r_ys_in_pad: torch.Tensor,
+                        ys_in_lens: torch.Tensor) -> torch.Tensor:
+        """The right-to-left decoder's teacher-forced pass.
+
+        Args:
+            memory: float32 (B, T', D) encoder output; memory_mask: bool (B, 1, T').
+            r_ys_in_pad: int64 (B, L) ``<sos>`` + the tokens last to first (see
+                :func:`toolkit.models.transformer.asr_model.reverse_pad_list`), padding any valid id.
+            ys_in_lens: int64 (B,) valid lengths of ``r_ys_in_pad``.
+
+        Returns:
+            float32 (B, L, V) logits of the reversed sequence's next tokens (last ``<sos/eos>``).
+        """
+        return self.right_decoder(memory, memory_mask, r_ys_in_pad, ys_in_lens)
+
+    @torch.jit.export
+    def forward_one_step(self, memory: torch.Tensor, memory_mask: torch.Tensor,
+                         tgt: torch.Tensor, cache: Optional[list[torch.Tensor]] = None
+                         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The left-to-right decoder's step (attention beam search): :meth:`TransformerDecoder.forward_one_step`."""
+        return self.left_decoder.forward_one_step(memory, memory_mask, tgt, cache)

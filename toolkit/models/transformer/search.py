@@ -14,7 +14,7 @@ from typing import Any, Iterable, NamedTuple, Protocol, Sequence
 
 import torch
 
-from toolkit.models.transformer.decoder import TransformerDecoder
+from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 from toolkit.utils.common import BLANK_ID
 
 NEG_INF = float("-inf")
@@ -254,23 +254,26 @@ def attention_beam_search(decoder: TransformerDecoder, memory: torch.Tensor,
     return results
 
 
-def attention_rescoring(decoder: TransformerDecoder, memory: torch.Tensor,
+def attention_rescoring(decoder: TransformerDecoder | BiTransformerDecoder, memory: torch.Tensor,
                         memory_mask: torch.Tensor, nbest: list[Hypothesis],
                         sos: int, eos: int, ctc_weight: float,
-                        length_penalty: float = 0.0) -> list[int]:
-    """Pick the best of a CTC n-best list for one utterance with one teacher-forced decoder pass.
+                        length_penalty: float = 0.0, reverse_weight: float = 0.0) -> list[int]:
+    """Pick the best of a CTC n-best list for one utterance with one teacher-forced decoder pass (per direction).
 
     score = log P_att(hyp + eos | x) + ctc_weight * log P_ctc(hyp | x) + LM score + length_penalty * |hyp|
-    (the LM score is the n-best's own, 0.0 when the search had no LM).
+    (the LM score is the n-best's own, 0.0 when the search had no LM); with U2++'s right-to-left decoder
+    (Wu et al., 2021, arXiv:2106.05642) log P_att is (1 - reverse_weight) * the left-to-right decoder's
+    log P(hyp + eos | x) + reverse_weight * the right-to-left one's log P(reversed hyp + eos | x).
 
     Args:
-        decoder: attention decoder.
+        decoder: attention decoder (a BiTransformerDecoder when ``reverse_weight`` > 0).
         memory: float32 (1, T', D) encoder output of the utterance.
         memory_mask: bool (1, 1, T'), True at valid frames.
         nbest: hypotheses from :func:`ctc_prefix_beam_search`.
         sos, eos: start and end token ids.
         ctc_weight: weight of the CTC prefix score.
         length_penalty: added per token.
+        reverse_weight: weight of the right-to-left score, in [0, 1].
 
     Returns:
         The best token-id list.
@@ -284,18 +287,25 @@ def attention_rescoring(decoder: TransformerDecoder, memory: torch.Tensor,
     count = len(nbest)
     lengths = torch.tensor([len(hyp.tokens) for hyp in nbest], device=device)
     width = int(lengths.max()) + 1
-    ys_in = torch.full((count, width), eos, dtype=torch.long, device=device)
-    ys_out = torch.full((count, width), eos, dtype=torch.long, device=device)
-    ys_in[:, 0] = sos
-    for i, hyp in enumerate(nbest):
-        ys_in[i, 1: len(hyp.tokens) + 1] = torch.tensor(hyp.tokens, dtype=torch.long)
-        ys_out[i, : len(hyp.tokens)] = torch.tensor(hyp.tokens, dtype=torch.long)
-    logits = decoder(memory.expand(count, -1, -1), memory_mask.expand(count, -1, -1),
-                     ys_in, lengths + 1)
-    token_scores = logits.log_softmax(dim=2).gather(2, ys_out.unsqueeze(2)).squeeze(2)
+    memory = memory.expand(count, -1, -1)
+    memory_mask = memory_mask.expand(count, -1, -1)
     # Steps after each hypothesis' eos are padding.
     valid = torch.arange(width, device=device).unsqueeze(0) <= lengths.unsqueeze(1)
-    att_scores = token_scores.masked_fill(~valid, 0.0).sum(dim=1)
+
+    def teacher_forced_scores(sequences: list[list[int]], forward) -> torch.Tensor:
+        ys_in = torch.full((count, width), eos, dtype=torch.long, device=device)
+        ys_out = torch.full((count, width), eos, dtype=torch.long, device=device)
+        ys_in[:, 0] = sos
+        for i, tokens in enumerate(sequences):
+            ys_in[i, 1: len(tokens) + 1] = torch.tensor(tokens, dtype=torch.long)
+            ys_out[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        token_scores = forward(memory, memory_mask, ys_in, lengths + 1).log_softmax(dim=2)
+        return token_scores.gather(2, ys_out.unsqueeze(2)).squeeze(2).masked_fill(~valid, 0.0).sum(dim=1)
+
+    att_scores = teacher_forced_scores([hyp.tokens for hyp in nbest], decoder)
+    if reverse_weight > 0.0:
+        r_scores = teacher_forced_scores([hyp.tokens[::-1] for hyp in nbest], decoder.forward_reverse)
+        att_scores = (1.0 - reverse_weight) * att_scores + reverse_weight * r_scores
     ctc_scores = torch.tensor([hyp.ctc_score for hyp in nbest], device=device)
     lm_scores = torch.tensor([hyp.lm_score for hyp in nbest], device=device)
     total = att_scores + ctc_weight * ctc_scores + lm_scores + length_penalty * lengths

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from toolkit.config import Config
 from toolkit.models.registry import init_model
-from toolkit.models.transformer.asr_model import DECODING_METHODS, ASRModel, add_sos_eos
+from toolkit.models.transformer.asr_model import DECODING_METHODS, ASRModel, add_sos_eos, reverse_pad_list
 from toolkit.utils.common import IGNORE_ID
 from toolkit.utils.config import ConfigError
 
@@ -14,22 +14,26 @@ KEYS = ["george-0-01", "jackson-1-00", "lucas-2-01", "nicolas-3-00"]
 
 
 def _model(vocab_size: int, ctc_weight: float, encoder: str = "conformer", ctc_upsample: int = 1,
-           num_blocks: int = 2, **interctc) -> ASRModel:
-    """A small model; ``interctc``: ``interctc_layer_idx`` (to encoder_conf), ``interctc_weight`` and
-    ``interctc_use_conditioning`` (to model_conf)."""
+           num_blocks: int = 2, r_num_blocks: int = 0, **interctc) -> ASRModel:
+    """A small model; ``r_num_blocks`` > 0: U2++'s bidirectional decoder with that many right-to-left layers;
+    ``interctc``: ``interctc_layer_idx`` (to encoder_conf), ``interctc_weight``, ``interctc_use_conditioning`` and
+    ``reverse_weight`` (to model_conf)."""
     encoder_conf = dict(output_size=64, attention_heads=2, linear_units=128, num_blocks=num_blocks,
                         dropout_rate=0.0, positional_dropout_rate=0.0)
     model_conf = dict(ctc_weight=ctc_weight, lsm_weight=0.1)
     if "interctc_layer_idx" in interctc:
         encoder_conf["interctc_layer_idx"] = interctc["interctc_layer_idx"]
-    for key in ("interctc_weight", "interctc_use_conditioning"):
+    for key in ("interctc_weight", "interctc_use_conditioning", "reverse_weight"):
         if key in interctc:
             model_conf[key] = interctc[key]
     if encoder == "conformer":
         encoder_conf["cnn_module_kernel"] = 7
-    config = Config(cmvn=None, encoder=encoder, encoder_conf=encoder_conf, decoder="transformer",
-                    decoder_conf=dict(attention_heads=2, linear_units=128, num_blocks=1,
-                                      dropout_rate=0.0, positional_dropout_rate=0.0),
+    decoder_conf = dict(attention_heads=2, linear_units=128, num_blocks=1, dropout_rate=0.0,
+                        positional_dropout_rate=0.0)
+    if r_num_blocks:
+        decoder_conf["r_num_blocks"] = r_num_blocks
+    config = Config(cmvn=None, encoder=encoder, encoder_conf=encoder_conf,
+                    decoder="bitransformer" if r_num_blocks else "transformer", decoder_conf=decoder_conf,
                     ctc_conf=dict(upsample=ctc_upsample), model_conf=model_conf)
     return init_model(config, 80, vocab_size)
 
@@ -91,6 +95,67 @@ def test_hybrid_loss_is_the_weighted_sum_of_its_terms_computed_here(tiny_fsdd, e
     bound = (n + 8) * u * (0.7 * float(terms.abs().sum()) / batch + 0.3 * float(ctc.abs().mean()))
     assert abs(float(out["loss"].detach()) - expected) <= bound
     assert 0.0 <= out["th_accuracy"].item() <= 1.0
+
+
+def test_reverse_pad_list():
+    ys = torch.tensor([[7, 8, 9], [4, 5, IGNORE_ID], [6, IGNORE_ID, IGNORE_ID]])
+    assert reverse_pad_list(ys, torch.tensor([3, 2, 0])).tolist() == [[9, 8, 7], [5, 4, IGNORE_ID],
+                                                                      [IGNORE_ID] * 3]
+
+
+def test_bidirectional_decoder_loss_mixes_both_directions_computed_here(tiny_fsdd):
+    feats, lengths, target, target_lengths, vocab, _ = _batch(tiny_fsdd)
+    torch.manual_seed(0)
+    model = _model(len(vocab), 0.3, r_num_blocks=2, reverse_weight=0.4).eval()
+    out = model(feats, lengths, target, target_lengths)
+    out["loss"].backward()
+    assert all(p.grad is not None for p in model.parameters())  # the right-to-left decoder's included
+    assert len(model.decoder.right_decoder.decoders) == 2 and len(model.decoder.left_decoder.decoders) == 1
+    model.set_activation_checkpointing(True)
+    assert model.decoder.left_decoder.activation_checkpointing and model.decoder.right_decoder.activation_checkpointing
+    model.set_activation_checkpointing(False)
+    batch, vocab_size, eos = len(KEYS), len(vocab), len(vocab) - 1
+    with torch.no_grad():
+        encoder_out, mask = model.encoder(feats, lengths)
+
+        def attention_loss(sequences: list[list[int]], forward) -> float:
+            """Label-smoothed (0.1) teacher-forced loss of <sos> + tokens against tokens + <eos>, written out."""
+            ys_in = torch.full((batch, int(target_lengths.max()) + 1), eos)
+            for i, tokens in enumerate(sequences):
+                ys_in[i, 1:len(tokens) + 1] = torch.tensor(tokens)
+            log_probs = forward(encoder_out, mask, ys_in, target_lengths + 1).log_softmax(dim=2).double()
+            total = 0.0
+            for i, tokens in enumerate(sequences):
+                for t, token in enumerate(tokens + [eos]):
+                    q = torch.full((vocab_size,), 0.1 / (vocab_size - 1), dtype=torch.float64)
+                    q[token] = 0.9
+                    total += float((q * (q.log() - log_probs[i, t])).sum())
+            return total / batch
+
+        tokens = [target[i, :n].tolist() for i, n in enumerate(target_lengths.tolist())]
+        left = attention_loss(tokens, model.decoder)
+        right = attention_loss([t[::-1] for t in tokens], model.decoder.forward_reverse)
+    assert abs(left - right) > 0.01 * left  # the two directions differ: the test can tell them apart
+    assert out["loss_att"].item() == pytest.approx(0.6 * left + 0.4 * right, rel=1e-5)
+    assert out["loss"].item() == pytest.approx(0.3 * out["loss_ctc"].item() + 0.7 * out["loss_att"].item(),
+                                               rel=1e-6)
+
+
+def test_bidirectional_decoder_settings_are_checked_naming_the_section(tiny_fsdd):
+    with pytest.raises(ConfigError, match="model_conf: reverse_weight > 0 and the bidirectional decoder"):
+        _model(10, 0.3, reverse_weight=0.3)  # nothing to weigh
+    with pytest.raises(ConfigError, match="model_conf: reverse_weight > 0 and the bidirectional decoder"):
+        _model(10, 0.3, r_num_blocks=1)  # a right-to-left decoder without a gradient
+    with pytest.raises(ConfigError, match=r"model_conf: reverse_weight must be in \[0, 1\)"):
+        _model(10, 0.3, r_num_blocks=1, reverse_weight=1.0)
+    with pytest.raises(ConfigError, match="decoder_conf: r_num_blocks must be >= 1"):
+        _model(10, 0.3, r_num_blocks=-1, reverse_weight=0.3)
+    feats, lengths, _, _, vocab, _ = _batch(tiny_fsdd)
+    with pytest.raises(ValueError, match="needs the bidirectional decoder"):
+        _model(len(vocab), 0.3).eval().decode(["attention_rescoring"], feats, lengths, reverse_weight=0.5)
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+        _model(len(vocab), 0.3, r_num_blocks=1, reverse_weight=0.3).eval().decode(
+            ["attention_rescoring"], feats, lengths, reverse_weight=1.5)
 
 
 def test_extreme_ctc_weights_drop_one_branch(tiny_fsdd):
@@ -209,10 +274,11 @@ def test_unknown_decoding_method_lists_valid_ones(tiny_fsdd):
         model.decode(["beam"], feats, lengths)
 
 
-def test_overfit_four_utterances_all_decoding_methods(tiny_fsdd):
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_overfit_four_utterances_all_decoding_methods(tiny_fsdd, bidirectional):
     feats, lengths, target, target_lengths, vocab, texts = _batch(tiny_fsdd)
     torch.manual_seed(0)
-    model = _model(len(vocab), 0.3)
+    model = _model(len(vocab), 0.3, **(dict(r_num_blocks=1, reverse_weight=0.3) if bidirectional else {}))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     # Tensors this small gain nothing from intra-op threads, and on a loaded 2-core machine
     # OpenMP threads spinning against other processes make the loop up to 10x slower.

@@ -2,7 +2,7 @@ import torch
 
 from ..conftest import assert_equal_up_to_rounding
 
-from toolkit.models.transformer.decoder import TransformerDecoder
+from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 
 VOCAB = 12
 
@@ -54,3 +54,23 @@ def test_torchscript_decoder_matches_eager():
         step_script, _ = scripted.forward_one_step(memory, memory_mask, ys_in[:, :2], None)
         step_eager, _ = decoder.forward_one_step(memory, memory_mask, ys_in[:, :2])
     assert_equal_up_to_rounding(step_script, step_eager)
+
+
+def test_bidirectional_decoder_scripts_and_each_direction_is_its_own_stack():
+    torch.manual_seed(0)
+    decoder = BiTransformerDecoder(VOCAB, 32, attention_heads=4, linear_units=64, num_blocks=2,
+                                   r_num_blocks=1).double().eval()
+    assert len(decoder.left_decoder.decoders) == 2 and len(decoder.right_decoder.decoders) == 1
+    scripted = torch.jit.script(decoder)
+    memory, memory_mask, ys_in, ys_lens = _inputs()
+    with torch.no_grad():
+        left = decoder(memory, memory_mask, ys_in, ys_lens)
+        right = decoder.forward_reverse(memory, memory_mask, ys_in, ys_lens)
+        assert torch.equal(left, decoder.left_decoder(memory, memory_mask, ys_in, ys_lens))
+        assert torch.equal(right, decoder.right_decoder(memory, memory_mask, ys_in, ys_lens))
+        assert not torch.allclose(left, right)  # two stacks, two sets of weights
+        assert_equal_up_to_rounding(scripted(memory, memory_mask, ys_in, ys_lens), left)
+        assert_equal_up_to_rounding(scripted.forward_reverse(memory, memory_mask, ys_in, ys_lens), right)
+        step_script, _ = scripted.forward_one_step(memory, memory_mask, ys_in[:, :2], None)
+        step_left, _ = decoder.left_decoder.forward_one_step(memory, memory_mask, ys_in[:, :2])
+    assert_equal_up_to_rounding(step_script, step_left)

@@ -1,8 +1,9 @@
 import math
 
+import pytest
 import torch
 
-from toolkit.models.transformer.decoder import TransformerDecoder
+from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 from toolkit.models.transformer.search import (Hypothesis, attention_beam_search, attention_rescoring,
                                                ctc_greedy_search, ctc_prefix_beam_search)
 from toolkit.text.ngram_lm import WordNgramLM, kneser_ney_arpa
@@ -90,6 +91,36 @@ def test_attention_rescoring_combines_decoder_ctc_and_length_scores():
         att_long = sum(log_probs[1, i, t] for i, t in enumerate([1, 2, 3, 4, 5]))
         expected = short if att_short > att_long else long
         assert attention_rescoring(decoder, memory, mask, nbest, 5, 5, ctc_weight=0.0) == expected
+
+
+def test_attention_rescoring_weighs_the_right_to_left_decoder_by_reverse_weight():
+    torch.manual_seed(0)
+    decoder = BiTransformerDecoder(6, 16, attention_heads=2, linear_units=32, num_blocks=1, r_num_blocks=1).eval()
+    memory = torch.randn(1, 5, 16)
+    mask = torch.ones(1, 1, 5, dtype=torch.bool)
+    sos = eos = 5
+    hyps = [[1, 2], [2, 1], [3, 4], [4, 3], [2, 2], [1, 3], [3, 1]]  # one length: the directions decide
+    nbest = [Hypothesis(h, -0.01 * i) for i, h in enumerate(hyps)]
+
+    def score(forward, tokens: list[int]) -> float:
+        """log P(tokens + eos | x), one decoder pass per hypothesis, written out."""
+        ys_in = torch.tensor([[sos] + tokens])
+        log_probs = forward(memory, mask, ys_in, torch.tensor([len(tokens) + 1])).log_softmax(dim=-1)
+        return sum(float(log_probs[0, i, t]) for i, t in enumerate(tokens + [eos]))
+
+    with torch.no_grad():
+        left = [score(decoder, h) for h in hyps]
+        right = [score(decoder.forward_reverse, h[::-1]) for h in hyps]
+        picks = set()
+        for weight in (0.0, 0.3, 0.7, 1.0):
+            totals = [(1 - weight) * l + weight * r + 0.5 * hyp.ctc_score for l, r, hyp in zip(left, right, nbest)]
+            expected = hyps[max(range(len(hyps)), key=totals.__getitem__)]
+            assert attention_rescoring(decoder, memory, mask, nbest, sos, eos, ctc_weight=0.5,
+                                       reverse_weight=weight) == expected
+            picks.add(tuple(expected))
+        # the right-to-left decoder reads the reversed tokens: [1, 2] scores as [2, 1] does left to right
+        assert right[0] == pytest.approx(score(decoder.right_decoder, [2, 1]), abs=1e-6)
+    assert len(picks) > 1  # the weight changed the pick: the test tells the two directions apart
 
 
 def test_prefix_beam_search_with_a_word_lm_prefers_the_words_it_knows(tmp_path):
