@@ -32,6 +32,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     (["--lm_weight", "0.5x"], "--lm_weight must be a decimal number, got '0.5x'"),
     (["--oov_penalty", "5"], "--oov_penalty must be <= 0, got '5'"),
     (["--length_penalty", "1,5"], "--length_penalty must be a decimal number, got '1,5'"),
+    (["--reverse_weight", "1.5"], "--reverse_weight must be a number in [0, 1] (or empty: the model's), got '1.5'"),
+    (["--reverse_weight", "09"], "--reverse_weight must be a number in [0, 1] (or empty: the model's), got '09'"),
     (["--spelling_order", "7"], "--spelling_order must be 0 (none) or 2..6 (what KenLM loads), got '7'"),
     (["--spelling_common_words", "-1"], "--spelling_common_words must be a non-negative integer, got '-1'"),
     (["--stage", "4", "--stop_stage", "4"], "data/train/global_cmvn is missing: training needs it; run the stages "

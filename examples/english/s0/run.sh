@@ -56,6 +56,8 @@ spelling_common_words=30000          # its words: the training transcripts' and 
 lm_weight=0.30                       # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets, runs sp15 and lp)
 word_bonus=0.5
 length_penalty=2.0                   # attention rescoring: added per token (> 0 favours longer hypotheses; run lp)
+reverse_weight=                      # attention rescoring, decoder bitransformer: the right-to-left score's weight
+                                     # in [0, 1]; default: the model's model_conf.reverse_weight
 oov_penalty=0
 decode_batch_size=32
 decode_threads=0                     # per rank; 0: torch's default divided among the ranks of a node
@@ -84,6 +86,8 @@ for opt in lm_weight word_bonus oov_penalty length_penalty; do
   [[ ${!opt} =~ ^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)$ ]] || die "--$opt must be a decimal number, got '${!opt}'"
 done
 [[ $lm_weight != -* ]] || die "--lm_weight must be >= 0, got '$lm_weight'"
+[[ -z $reverse_weight || $reverse_weight =~ ^(0+([.][0-9]*)?|0*[.][0-9]+|0*1([.]0*)?)$ ]] ||
+  die "--reverse_weight must be a number in [0, 1] (or empty: the model's), got '$reverse_weight'"
 [[ $oov_penalty == -* || ! $oov_penalty =~ [1-9] ]] || die "--oov_penalty must be <= 0, got '$oov_penalty'"
 [ -n "${corpora// }" ] || die "--corpora is empty"
 case $data_type in raw|shard) ;; *) die "--data_type must be raw or shard, got '$data_type'";; esac
@@ -301,7 +305,7 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
       --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
       --test_data "$data/$x/data.list" --result_dir "$dir/$x" --modes $decode_modes \
       --beam_size "$beam_size" --length_penalty "$length_penalty" --batch_size "$decode_batch_size" \
-      --num_threads "$decode_threads" "${lm_options[@]}"
+      --num_threads "$decode_threads" "${lm_options[@]}" ${reverse_weight:+--reverse_weight "$reverse_weight"}
   done
   written=1
   for x in $decode_dirs; do [ -f "$dir/$x/decode_summary.json" ] || written=0; done
