@@ -260,12 +260,12 @@ def main(argv=None) -> None:
     model = init_model(config)
     model.load_state_dict(load_checkpoint(args.checkpoint)[MODEL_KEY])
     model.to(ctx.device).eval()
-    if args.reverse_weight is None:
-        args.reverse_weight = model.reverse_weight
-    elif not 0.0 <= args.reverse_weight <= 1.0 or (args.reverse_weight > 0.0 and model.reverse_weight == 0.0):
+    try:  # checked once here, so that a bad weight stops the job before it decodes anything
+        args.reverse_weight = model.rescoring_reverse_weight(args.reverse_weight)
+    except ValueError as e:
         raise ConfigError(f"--reverse_weight {args.reverse_weight}: must be in [0, 1], and > 0 only for a model with "
                           f"the bidirectional decoder (decoder: bitransformer); {args.config} has "
-                          f"decoder: {config.decoder}")
+                          f"decoder: {config.decoder}") from e
     # 4. decode this rank's share; the bar on rank 0 counts every rank's utterances
     start = time.perf_counter()
     with JobProgress(total=len(listed), desc="decode", unit="utt") as progress, torch.no_grad():

@@ -227,6 +227,19 @@ class ASRModel(nn.Module):
             th_accuracy = correct.float() / valid.sum().clamp(min=1)
         return loss_att, th_accuracy
 
+    def rescoring_reverse_weight(self, reverse_weight: float | None) -> float:
+        """The right-to-left decoder's weight in attention rescoring: ``reverse_weight``, or the model's for None.
+
+        Raises:
+            ValueError: ``reverse_weight`` outside [0, 1], or > 0 for a model without the right-to-left decoder.
+        """
+        if reverse_weight is None:
+            return self.reverse_weight
+        if not 0.0 <= reverse_weight <= 1.0 or (reverse_weight > 0.0 and self.reverse_weight == 0.0):
+            raise ValueError(f"reverse_weight must be in [0, 1] and needs the bidirectional decoder (decoder: "
+                             f"bitransformer) when > 0; got {reverse_weight} with {type(self.decoder).__name__}")
+        return reverse_weight
+
     def decode(self, methods: list[str], feats: torch.Tensor, feats_lengths: torch.Tensor,
                beam_size: int = 10, ctc_weight: float = 0.5, length_penalty: float = 0.0,
                lm: PrefixLM | None = None, reverse_weight: float | None = None) -> dict[str, list[list[int]]]:
@@ -258,11 +271,7 @@ class ASRModel(nn.Module):
             ValueError: an unknown method name, or ``reverse_weight`` outside [0, 1] or > 0 without a
                 right-to-left decoder.
         """
-        if reverse_weight is None:
-            reverse_weight = self.reverse_weight
-        if not 0.0 <= reverse_weight <= 1.0 or (reverse_weight > 0.0 and self.reverse_weight == 0.0):
-            raise ValueError(f"reverse_weight must be in [0, 1] and needs the bidirectional decoder (decoder: "
-                             f"bitransformer) when > 0; got {reverse_weight} with {type(self.decoder).__name__}")
+        reverse_weight = self.rescoring_reverse_weight(reverse_weight)
         unknown = [m for m in methods if m not in DECODING_METHODS]
         if unknown:
             raise ValueError(
