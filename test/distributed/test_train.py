@@ -13,7 +13,8 @@ from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
-from .recipe_data import CONF, ENV, kaldi_entries, run_standalone, train_args, write_data as write_lists
+from .recipe_data import (CONF, ENV, finished_job, kaldi_entries, run_standalone, session_data, train_args,
+                          write_data as write_lists)
 
 
 def write_data(tmp_path) -> int:
@@ -138,3 +139,15 @@ def test_the_data_setup_of_a_resumed_run_is_the_one_its_own_step_checkpoints_sta
     proc = train(tmp_path, "--checkpoint", str(step.with_suffix(".pt")), "--override_config",
                  "train_conf.max_epoch 2")
     assert proc.returncode != 0 and "stops inside epoch 1" in proc.stderr
+
+
+def test_bucket_batches_of_two_sizes_are_dealt_so_that_the_join_drops_none():
+    # Bucket batching makes batches of 8 clips under 0.6 s and of 2 longer ones. Dealt to the rank with the fewest
+    # lines (before), the ranks ended this epoch 2 batches apart and the join dropped 4 utterances; dealt by batches,
+    # every line is trained or skipped for a reason.
+    bucket = "dataset_conf.batch_conf {batch_type: bucket, bucket_boundaries: [60], bucket_batch_sizes: [8, 2]}"
+    exp, _ = finished_job(("train_conf.max_epoch 1", bucket))
+    info = yaml.safe_load(open(exp / "epoch_0.yaml"))
+    assert (info["dropped_batches"], info["dropped_utts"]) == (0, 0)
+    lines = len(open(session_data() / "train.list").readlines())
+    assert info["train_utts"] + sum(info["skipped"].values()) == lines == 82

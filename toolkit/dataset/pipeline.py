@@ -62,8 +62,10 @@ MODES = ("train", "cv", "test")
 
 
 def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, rng: random.Random,
-                    epoch: int) -> Iterator[dict]:
-    """Chain every step of ``epoch`` over this worker's lines, reading ``conf`` top to bottom."""
+                    epoch: int, planned: bool = False) -> Iterator[dict]:
+    """Chain every step of ``epoch`` over this worker's lines, reading ``conf`` top to bottom. ``planned``: the
+    lines are one batch of :func:`plan_batches`, kept whole (speed perturbation and padding move lengths, which
+    must not move a line into another of ``batch_conf``'s buckets and split the batch the dealing counted)."""
     train = mode == "train"
     num_skipped: Counter = Counter()
 
@@ -99,7 +101,9 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
     if conf.sort:
         samples = processor.sort(samples, **args(conf.sort_conf))
     batch = conf.batch_conf
-    if batch.batch_type == "static":
+    if planned:
+        batches = processor.static_batch(samples, max(1, len(lines)))
+    elif batch.batch_type == "static":
         batches = processor.static_batch(samples, batch.batch_size)
     elif batch.batch_type == "dynamic":
         batches = processor.dynamic_batch(samples, batch.max_frames_in_batch)
@@ -134,14 +138,17 @@ def plan_batches(order: List[int], frames: List[int], conf: DatasetConf) -> List
 
 
 def deal_chunks(sizes: List[int], world_size: int) -> List[int]:
-    """The rank of each chunk: in order, each goes to the rank holding the fewest lines so far (the lowest rank on a
-    tie), so that ranks end the epoch with about the same number of batches."""
-    loads = [(0, rank) for rank in range(world_size)]
+    """The rank of each chunk (one planned batch of ``sizes[i]`` lines): in order, each goes to the rank holding the
+    fewest batches so far, then the fewest lines, then the lowest rank. The ranks end the epoch at most one batch
+    apart whatever the batch sizes (bucket batching mixes 8- and 32-line batches), so the join, which stops every
+    rank at the step the first runs out, drops at most ``world_size - 1`` batches; with equal batches it is the
+    fewest lines' rule."""
+    loads = [(0, 0, rank) for rank in range(world_size)]
     ranks = []
     for size in sizes:
-        load, rank = heapq.heappop(loads)
+        batches, lines, rank = heapq.heappop(loads)
         ranks.append(rank)
-        heapq.heappush(loads, (load + size, rank))
+        heapq.heappush(loads, (batches + 1, lines + size, rank))
     return ranks
 
 
@@ -278,7 +285,7 @@ class AsrDataset(IterableDataset):
             return
         rng = random.Random(f"{self.seed}:{epoch}:{chunk}")
         batches = _build_pipeline([self.lines[i] for i in lines], self.tokenizer, self.conf, self.mode, rng,
-                                  epoch)
+                                  epoch, planned=self.resumes_on_any_world_size)
         for index, (batch, last) in enumerate(_with_last(batches)):
             yield {"replayed": True} if index < num_consumed else dict(batch, position=[chunk, index, last])
 

@@ -353,16 +353,26 @@ def test_planned_batches_are_sorted_runs_and_the_dealing_evens_out_the_ranks():
     runs = [order[:20], order[20:40], order[40:]]
     assert [i for b in batches[:3] for i in b] == sorted(runs[0], key=lambda i: frames[i])
     assert sorted(i for b in batches for i in b) == list(range(50))
-    # the recipe's training set: 6,016 lines in batches of 8, sort runs of 500: the ranks end one batch apart
+    # the recipe's training set: 6,016 lines in batches of 8, sort runs of 500: the ranks end one batch apart, and
+    # at most two batches' lines apart (the short batches of 4 fall unevenly)
     sizes = [len(b) for b in plan_batches(list(range(6016)), [100] * 6016, resolve_dataset_conf(
         {"batch_conf": {"batch_size": 8}, "sort_conf": {"sort_size": 500}}))]
     assert sum(sizes) == 6016 and sizes.count(4) == 12 and set(sizes) == {8, 4}
     for world_size in range(1, 17):
-        loads = Counter()
+        loads, counts = Counter(), Counter()
         for size, rank in zip(sizes, deal_chunks(sizes, world_size)):
             loads[rank] += size
-        assert len(loads) == world_size and max(loads.values()) - min(loads.values()) <= 8  # one batch
+            counts[rank] += 1
+        assert len(loads) == world_size and max(counts.values()) - min(counts.values()) <= 1
+        assert max(loads.values()) - min(loads.values()) <= 16
     assert deal_chunks([8, 8, 8, 8, 2], 2) == [0, 1, 0, 1, 0] and deal_chunks([496, 8, 8], 2) == [0, 1, 1]
+    # Bucket batching mixes batch sizes: dealt by batches first, the ranks still end one batch apart (dealt by lines,
+    # rank 0 would hold the 32-line batch alone while rank 1 got four, and the join would drop three of them).
+    assert deal_chunks([32, 8, 8, 8, 8], 2) == [0, 1, 1, 0, 1]
+    mixed = [32, 8, 8, 8, 32, 8, 32, 32, 8, 8, 5] * 30
+    for world_size in range(1, 17):
+        counts = Counter(deal_chunks(mixed, world_size))
+        assert len(counts) == world_size and max(counts.values()) - min(counts.values()) <= 1
     # Static batches without sorting: the order cut as it is. Buckets: by length, shortest partial bucket first.
     unsorted = resolve_dataset_conf({"sort": False, "batch_conf": {"batch_size": 8}})
     assert plan_batches(list(range(20)), frames, unsorted) == [list(range(8)), list(range(8, 16)), [16, 17, 18, 19]]
@@ -395,6 +405,7 @@ def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(d
     for world_size, num_workers in ((2, 0), (3, 2)):
         per_rank, got_skipped = epoch_batches(data_list, tokenizer, world_size, num_workers, batch_conf=batch_conf)
         assert got_skipped == skipped and all(per_rank)
+        assert max(map(len, per_rank)) - min(map(len, per_rank)) <= 1  # so the join drops at most world_size - 1
         got = {tuple(batch["position"]): batch for batch in itertools.chain(*per_rank)}
         assert got.keys() == reference.keys()
         for position, batch in got.items():
