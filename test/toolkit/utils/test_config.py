@@ -58,7 +58,7 @@ def test_unknown_override_key_lists_valid_keys():
                                           r" .*'scheduler_conf \{max_steps: value\}'"):
         read_config(RECIPE_YAML, ["scheduler_conf.max_steps 7520"])
     assert read_config(RECIPE_YAML, ["scheduler_conf {max_steps: 7520}"]).scheduler_conf == {
-        "warmup_steps": 2000, "max_steps": 7520}
+        "warmup_steps": 1500, "max_steps": 7520}
     with pytest.raises(ConfigError, match="expected an integer"):
         apply_overrides(BASE, ["train_conf.max_epoch three"])
     with pytest.raises(ConfigError, match="expected an integer"):
