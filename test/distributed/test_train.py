@@ -143,8 +143,8 @@ def test_the_data_setup_of_a_resumed_run_is_the_one_its_own_step_checkpoints_sta
 
 def test_bucket_batches_of_two_sizes_are_dealt_so_that_the_join_drops_none():
     # Bucket batching makes batches of 8 clips under 0.6 s and of 2 longer ones. Dealt to the rank with the fewest
-    # lines (before), the ranks ended this epoch 2 batches apart and the join dropped 4 utterances; dealt by batches,
-    # every line is trained or skipped for a reason.
+    # lines (before), one rank held a batch more than the other and the join dropped its 4 utterances; dealt by
+    # batches, every line is trained or skipped for a reason.
     bucket = "dataset_conf.batch_conf {batch_type: bucket, bucket_boundaries: [60], bucket_batch_sizes: [8, 2]}"
     exp, _ = finished_job(("train_conf.max_epoch 1", bucket))
     info = yaml.safe_load(open(exp / "epoch_0.yaml"))
