@@ -102,7 +102,7 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
         samples = processor.sort(samples, **args(conf.sort_conf))
     batch = conf.batch_conf
     if planned:
-        batches = processor.static_batch(samples, max(1, len(lines)))
+        batches = processor.static_batch(samples, len(lines))
     elif batch.batch_type == "static":
         batches = processor.static_batch(samples, batch.batch_size)
     elif batch.batch_type == "dynamic":
