@@ -5,7 +5,7 @@
 #   bash run.sh                                # everything, stages -1..5
 #   bash run.sh --stage 4 --stop_stage 4       # only training
 #   bash run.sh --corpus_dir /data/my_corpora --corpora "fsdd" --dir exp/fsdd
-#   bash run.sh --nproc_per_node 8 --overrides "train_conf.max_epoch 100;train_conf.max_train_minutes 0"   # GPUs: edit conf/train_conformer.yaml
+#   bash run.sh --train_config conf/train_conformer_gpu.yaml   # GPUs: one process per GPU (--nproc_per_node)
 #   bash run.sh --stage 5 --decode_nproc_per_node 4                        # decode with 4 ranks per node
 #   bash run.sh --num_nodes 2 --HOST_NODE_ADDR node0:29400   # run the same command on every node
 #   bash run.sh --stage 4 --stop_stage 4 --max_restarts 3     # a dead rank restarts the job from its last checkpoint
@@ -48,14 +48,15 @@ checkpoint=                          # resume from this epoch_N.pt or step_N.pt;
 average_num=3                        # 0: decode the last epoch as is
 decode_sets=test                     # test | dev: stage 5 decodes <decode_sets>_<corpus> (tune on dev, score test once)
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
-beam_size=20                         # run k20 (docs/recipe_ablation.md): 16 fewer dev sentence word errors than 10
+beam_size=20                         # fewer dev word errors than 10, for a longer stage 5 (docs/recipe_ablation.md)
 lm_order=3                           # word n-gram LM from the training transcripts (stage 2); 0: decode without LM
 lm_common_words=0                    # the LM's vocabulary adds the N most frequent English words (wordfreq) it lacks
 spelling_order=6                     # with the LM: letter n-gram that scores the spelling of its OOV words; 0: none
 spelling_common_words=30000          # its words: the training transcripts' and the N most frequent English words
-lm_weight=0.30                       # the LM's fusion settings (docs/recipe_ablation.md: tuned on the dev sets, runs sp15 and lp)
+lm_weight=0.30                       # the LM's fusion settings, tuned on the dev sets (docs/recipe_ablation.md)
 word_bonus=0.5
-length_penalty=2.0                   # attention rescoring: added per token (> 0 favours longer hypotheses; run lp)
+length_penalty=2.0                   # attention rescoring: added per token (> 0 favours longer hypotheses; 2.0 offsets
+                                     # the rescoring's lean to dropping letters: lower dev CER)
 reverse_weight=                      # attention rescoring, decoder bitransformer: the right-to-left score's weight
                                      # in [0, 1]; default: the model's model_conf.reverse_weight
 oov_penalty=0
