@@ -38,6 +38,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     (["--spelling_common_words", "-1"], "--spelling_common_words must be a non-negative integer, got '-1'"),
     (["--stage", "4", "--stop_stage", "4"], "data/train/global_cmvn is missing: training needs it; run the stages "
                                           "before --stage 4 first"),
+    # the GPU configuration passes run.sh's config checks as shipped: the first stop is the missing data
+    (["--train_config", "conf/train_conformer_gpu.yaml", "--stage", "4", "--stop_stage", "4"],
+     "data/train/global_cmvn is missing: training needs it; run the stages before --stage 4 first"),
     (["--stage", "5"], "lm_3gram.arpa is missing: run stage 2 (--stage 2), or decode without LM (--lm_order 0)"),
     (["--stage", "5", "--lm_order", "0", "--corpora", "fsdd"],
      "data/test_fsdd/data.list is missing: stage 3 writes it for each of --corpora"),

@@ -1,6 +1,7 @@
 """The one validator between the DeepSpeed JSON and the training YAML, and the shard-file naming."""
 
 import dataclasses
+import glob
 import os
 
 import pytest
@@ -13,6 +14,7 @@ from toolkit.engine.train_conf import resolve_train_conf
 from toolkit.utils.config import ConfigError
 
 RECIPE_CONF = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf")
+RECIPE_YAMLS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(RECIPE_CONF, "*.yaml")))  # every one shipped
 TRAIN_CONF = resolve_train_conf({"accum_grad": 4, "grad_clip": 5.0, "dtype": "bf16"})
 STATIC = 16  # a static batch of 16 utterances
 
@@ -47,7 +49,7 @@ def test_dynamic_batches_skip_the_micro_batch_pair_and_optimizer_sections_are_re
         check_deepspeed_config({"train_batch_size": 64}, TRAIN_CONF, STATIC)
 
 
-@pytest.mark.parametrize("yaml_name", ["train_conformer.yaml", "train_tiny.yaml"])
+@pytest.mark.parametrize("yaml_name", RECIPE_YAMLS)
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_shipped_json_agrees_with_the_recipe_yaml(stage, yaml_name):
     # The recipe pairs each shipped JSON with its YAMLs (run.sh --train_engine deepspeed): the JSON's values must

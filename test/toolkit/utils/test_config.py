@@ -1,3 +1,4 @@
+import glob
 import math
 import os
 
@@ -5,6 +6,7 @@ import pytest
 
 from toolkit.config import read_config
 from toolkit.engine.train_conf import resolve_train_conf
+from toolkit.models.registry import init_model
 from toolkit.utils.config import ConfigError, apply_overrides, load_config
 
 BASE = {"train_conf": {"max_epoch": 10, "grad_clip": 5.0, "dtype": "fp32"},
@@ -14,6 +16,10 @@ BASE = {"train_conf": {"max_epoch": 10, "grad_clip": 5.0, "dtype": "fp32"},
         "tokenizer_conf": {"symbol_table_path": "units.txt"}}
 RECIPE_YAML = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf",
                            "train_conformer.yaml")
+# Every training config the recipe ships, with the parameter count its docs state (examples/english/s0/README.md,
+# docs/multi-gpu-and-nodes.md) for the recipe's dictionary of 31 units.
+SHIPPED_PARAMETERS = {"train_conformer.yaml": 2_811_901, "train_conformer_gpu.yaml": 42_986_333,
+                      "train_tiny.yaml": 553_022}
 
 
 def test_override_is_typed_like_the_value_it_replaces():
@@ -129,3 +135,16 @@ def test_grad_clip_must_be_a_finite_non_negative_number(text):
 def test_grad_clip_zero_disables_clipping_and_integers_are_numbers():
     assert resolve_train_conf({"grad_clip": 0}).grad_clip == 0.0
     assert resolve_train_conf({"grad_clip": 1}).grad_clip == 1.0
+
+
+def test_every_shipped_recipe_config_is_listed_here():
+    shipped = {os.path.basename(p) for p in glob.glob(os.path.join(os.path.dirname(RECIPE_YAML), "*.yaml"))}
+    assert shipped == set(SHIPPED_PARAMETERS)
+
+
+@pytest.mark.parametrize("name, parameters", sorted(SHIPPED_PARAMETERS.items()))
+def test_every_shipped_recipe_config_reads_and_builds_the_model_its_docs_state(name, parameters):
+    # cmvn null: the recipe's CMVN file is written by its stage 1; it holds no parameter
+    config = read_config(os.path.join(os.path.dirname(RECIPE_YAML), name), ["cmvn null"])
+    model = init_model(config, config.input_dim, 31)
+    assert sum(p.numel() for p in model.parameters()) == parameters
