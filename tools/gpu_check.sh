@@ -10,7 +10,7 @@
 #   bash tools/gpu_check.sh [WHEEL_DIR]          # output under $OUT (or /tmp/gpu_check)
 #
 # One H200 (2026-12-04): 4.4 minutes, of which 1.3 building and installing the wheels, 32 s data prep and about 80 s
-# for each engine (README, "Tests and CI").
+# for each engine (docs/multi-gpu-and-nodes.md).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${OUT:-/tmp/gpu_check}

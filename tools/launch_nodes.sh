@@ -11,8 +11,8 @@
 # and holds the rendezvous. Quote the command, so that $NUM_NODES, $NODE_RANK and $HOST_NODE_ADDR are expanded on
 # each host, where the launcher sets them. On each host the command runs in this directory (the same path on every
 # host: a shared disk, or the same checkout) with this PATH (so the same venv), OMP_NUM_THREADS, and every NCCL_*,
-# GLOO_*, TP_* and TORCH_* variable set here (network interface choices such as GLOO_SOCKET_IFNAME); see README,
-# "Training on several machines".
+# GLOO_*, TP_* and TORCH_* variable set here (network interface choices such as GLOO_SOCKET_IFNAME); see
+# docs/multi-gpu-and-nodes.md, "Several machines".
 set -euo pipefail
 
 hostfile=

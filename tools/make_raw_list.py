@@ -7,7 +7,7 @@ Output follows wav.scp order.
 
 With --audio_format flac (or wav) the audio is decoded once and stored as 16-bit PCM in --audio_dir/<key>.flac,
 and the list points there: training then decodes FLAC every epoch instead of the source (16-bit FLAC decodes about
-twice as fast as the corpora's Ogg Opus; README, "Data pipeline"). Resumable; utterances whose audio cannot be read
+twice as fast as the corpora's Ogg Opus; docs/data-pipeline.md). Resumable; utterances whose audio cannot be read
 are left out and listed on stderr.
 
 Usage:
