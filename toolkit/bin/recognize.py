@@ -60,6 +60,7 @@ from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
 from toolkit.utils.config import ConfigError, exit_on_config_error
 from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
+from toolkit.utils.shutdown import freeze_at_exit
 LM_DEFAULTS = {"lm_weight": 0.5, "word_bonus": 0.0, "oov_penalty": 0.0, "spelling_lm": ""}
 # NOTE: these skips lose utterances before their key is read, so they cannot be scored as deletions here.
 UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
@@ -285,7 +286,9 @@ def main(argv=None) -> None:
 
 
 def cli() -> None:
-    """The ``toolkit-recognize`` command: a config error is one log line and exit status 2."""
+    """The ``toolkit-recognize`` command: a config error is one log line and exit status 2; the process's exit skips the
+    collections of torch's objects (:func:`toolkit.utils.shutdown.freeze_at_exit`)."""
+    freeze_at_exit()
     exit_on_config_error(main)
 
 

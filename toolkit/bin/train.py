@@ -48,6 +48,7 @@ from toolkit.utils.checkpoint import newest_checkpoint
 from toolkit.utils.config import exit_on_config_error
 from toolkit.utils.rng import seed_global_rngs
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
+from toolkit.utils.shutdown import freeze_at_exit
 from toolkit.utils.summary import init_summarywriter
 
 
@@ -169,7 +170,9 @@ def _save_config(config: Config, model_dir: str) -> None:
 
 
 def cli() -> None:
-    """The ``toolkit-train`` command: a config error is one log line and exit status 2."""
+    """The ``toolkit-train`` command: a config error is one log line and exit status 2; the process's exit skips the
+    collections of torch's objects (:func:`toolkit.utils.shutdown.freeze_at_exit`)."""
+    freeze_at_exit()
     exit_on_config_error(main)
 
 
