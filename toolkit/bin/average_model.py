@@ -173,8 +173,8 @@ def main(argv=None) -> None:
 
 
 def cli() -> None:
-    """The ``toolkit-average-model`` command: a config error is one log line and exit status 2; the process's exit skips the
-    collections of torch's objects (:func:`toolkit.utils.shutdown.freeze_at_exit`)."""
+    """The ``toolkit-average-model`` command: a config error is one log line and exit status 2; the process's exit
+    skips the collections of torch's objects (:func:`toolkit.utils.shutdown.freeze_at_exit`)."""
     freeze_at_exit()
     exit_on_config_error(main)
 
