@@ -104,11 +104,11 @@ def _corpus_entries(corpus_dir: str, corpora: list[str], split: str) -> list[dic
 
 def prepare_data(args: argparse.Namespace, work_dir: str) -> dict:
     """The data files of the selection (paths by name in ``DATA_FILES``), written unless already there."""
-    from toolkit.config import read_config
     from toolkit.dataset.cmvn_stats import compute_stats
     from toolkit.dataset.data_list import reencode_audio, write_raw_list
     from toolkit.text.tokenizer import write_symbol_table
     from toolkit.text.units import collect_char_units
+    from toolkit.train_config import read_config
 
     work_dir = os.path.abspath(work_dir)
     paths = {name: os.path.join(work_dir, name) for name in DATA_FILES}
@@ -304,7 +304,7 @@ def run_training(args: argparse.Namespace, data: dict, nproc: int, run_dir: str)
 
 
 def frame_shift_s(args: argparse.Namespace) -> float:
-    from toolkit.config import read_config
+    from toolkit.train_config import read_config
 
     return read_config(args.config, args.override_config).dataset_conf.fbank_conf.frame_shift_s
 

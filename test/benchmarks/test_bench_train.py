@@ -8,11 +8,11 @@ from pathlib import Path
 
 from harness import PARTS
 
-from toolkit.config import read_config
 from toolkit.dataset.pipeline import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import CharTokenizer
 from toolkit.text.units import collect_char_units
+from toolkit.train_config import read_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPORA = ["speechocean762", "kathleen", "ljspeech", "fsdd"]

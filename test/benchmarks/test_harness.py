@@ -10,8 +10,8 @@ import torch
 from harness import PARTS, StepClock, count_train_flops, source_env, summarize_steps
 from torch.utils.flop_counter import FlopCounterMode
 
-from toolkit.config import Config
 from toolkit.models.registry import init_model
+from toolkit.train_config import Config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

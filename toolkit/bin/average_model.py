@@ -36,7 +36,7 @@ import yaml
 
 from toolkit.utils.checkpoint import (MODEL_KEY, checkpoint_number, finite_cv_loss, list_checkpoints,
                                       load_checkpoint, load_info, save_checkpoint)
-from toolkit.utils.config import ConfigError, exit_on_config_error
+from toolkit.utils.config_parsing import ConfigError, exit_on_config_error
 from toolkit.utils.shutdown import freeze_at_exit
 
 logger = logging.getLogger(__name__)

@@ -39,7 +39,6 @@ import sys
 
 import torch
 
-from toolkit.config import Config, read_config
 from toolkit.dataset import count_utterances, init_dataset_and_dataloader
 from toolkit.dataset.pipeline import plans_batches
 from toolkit.distributed.collectives import broadcast_object_from_main
@@ -51,16 +50,17 @@ from toolkit.engine import ENGINE_CHOICES, Engine, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.compile import compile_blocks
 from toolkit.engine.executor import Executor, data_signature, require_utterances
+from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS
-from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
+from toolkit.train_config import Config, read_config
 from toolkit.utils.checkpoint import newest_checkpoint
-from toolkit.utils.config import ConfigError, exit_on_config_error
+from toolkit.utils.config_parsing import ConfigError, exit_on_config_error
 from toolkit.utils.rng import seed_global_rngs
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 from toolkit.utils.shutdown import freeze_at_exit
-from toolkit.utils.summary import init_summarywriter
+from toolkit.utils.tensorboard_writer import init_summarywriter
 
 
 # What a training run needs beside --config, and --check_only does not.
@@ -139,7 +139,8 @@ def wrap_cuda_model(args: argparse.Namespace, ctx: DistContext, config: Config, 
                     optimizer: torch.optim.Optimizer, scheduler) -> Engine:
     """The engine of ``--train_engine``, holding the model on this rank's device, wrapped for data parallelism
     (DDP or DeepSpeed), with its optimizer and scheduler; with ``train_conf.compile`` the model's blocks are compiled
-    in place first (:mod:`toolkit.engine.compile`)."""
+    in place first (:mod:`toolkit.engine.compile`). WeNet's name, kept: it wraps for whatever device the rank has,
+    the CPU too (gloo), not only CUDA."""
     batch = config.dataset_conf.batch_conf
     engine = init_engine(args.train_engine, ctx, config.train_conf, model.has_unused_parameters,
                          deepspeed_config=args.deepspeed_config,
@@ -176,7 +177,7 @@ def main(argv=None) -> None:
     # 4. model (train_conf says whether its layers recompute activations in backward), TorchScript check, size
     model = init_model(config)
     model.set_activation_checkpointing(train_conf.activation_checkpointing)
-    trace_and_print_model(model, log=main_process_only(logging.info))
+    check_model(model, log=main_process_only(logging.info))
     # 5. optimizer and LR scheduler (a schedule that ends with the run learns its steps from the planned batches),
     # then the engine: DDP or DeepSpeed on this rank's device
     batches = train_set.batches_per_epoch()

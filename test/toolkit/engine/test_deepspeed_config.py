@@ -8,9 +8,9 @@ import pytest
 from toolkit.distributed.context import DistContext
 from toolkit.engine import init_engine
 from toolkit.engine.deepspeed import check_deepspeed_config, expected_shard_files, load_deepspeed_config
-from toolkit.config import read_config
 from toolkit.engine.train_conf import resolve_train_conf
-from toolkit.utils.config import ConfigError
+from toolkit.train_config import read_config
+from toolkit.utils.config_parsing import ConfigError
 
 RECIPE_CONF = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf")
 TRAIN_CONF = resolve_train_conf({"accum_grad": 4, "grad_clip": 5.0, "dtype": "bf16"})
