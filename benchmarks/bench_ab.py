@@ -5,9 +5,9 @@ variants, alternating A B A B, and their ratios (B / A).
 A variant is a source tree (``--a_rev``/``--b_rev``: a git revision of this repository, checked out once as a
 detached worktree under ``--work_dir``, or ``worktree`` for the files as they are now), plus trainer overrides
 (``--a_override``/``--b_override``, repeatable) and environment variables (``--a_env``/``--b_env NAME=VALUE``). Each
-run is ``benchmarks/bench_train.py`` of that tree with 1 process (``toolkit.utils.perf.run_bench_train``, as in ``benchmarks/bench_vs_wenet.py``),
-on one set of data files, so a change of code, of config or of environment is measured by the same clock as the
-comparison with WeNet. The history of measured changes is in docs/benchmarks.md.
+run is ``benchmarks/bench_train.py`` of that tree with 1 process (``harness.run_bench_train``, as in
+``benchmarks/bench_vs_wenet.py``), on one set of data files, so a change of code, of config or of environment is
+measured by the same clock as the comparison with WeNet. The history of measured changes is in docs/benchmarks.md.
 
 Usage (a code change: the revision before it against the working tree; a config option: one tree, two overrides):
     python benchmarks/bench_ab.py --a_rev b996be0 --b_rev worktree --rounds 2 --work_dir exp/bench_ab
@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 
-from toolkit.utils.perf import WORKTREE, fresh_dir, print_side_by_side, run_bench_train, source_tree
+from harness import WORKTREE, fresh_dir, print_side_by_side, run_bench_train, source_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_TRAIN = os.path.join(REPO, "benchmarks", "bench_train.py")

@@ -51,9 +51,9 @@ def run_worker(args: argparse.Namespace, variant: str) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from toolkit.config import read_config
     from toolkit.models.activation_checkpointing import checkpointed
     from toolkit.models.registry import init_model
+    from toolkit.train_config import read_config
 
     class CheckpointedFrontEnd(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module):

@@ -22,9 +22,9 @@ import random
 import soundfile as sf
 import torch
 
-from toolkit.config import read_config
 from toolkit.dataset import processor
 from toolkit.dataset.pipeline import deal_chunks, plan_batches
+from toolkit.train_config import read_config
 
 CORPORA = ["speechocean762", "kathleen", "ljspeech", "fsdd"]
 

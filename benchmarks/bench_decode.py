@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from toolkit.utils.perf import WORKTREE, source_env, source_tree
+from harness import WORKTREE, source_env, source_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,7 +13,7 @@ step, and the model's FLOPs per frame against a matrix-multiply rate measured in
    workers, model, TorchScript check, optimizer, engine, join, checkpointer, tensorboard, Executor), for one epoch
    cut after ``--steps`` optimizer steps (0: the whole epoch). Only ``Executor.train`` is wrapped, to attach the
    clock. 1 process uses all cores as torch threads, N processes 1 thread each (``init_distributed``'s rule).
-3. Each optimizer step of each rank is split (``toolkit.utils.perf``) into:
+3. Each optimizer step of each rank is split (``benchmarks/harness.py``) into:
 
    - data: waiting in the train loader's ``next()`` (the join asks one batch ahead; the first step includes the
      loader worker's start and its first sort buffer);
@@ -104,11 +104,11 @@ def _corpus_entries(corpus_dir: str, corpora: list[str], split: str) -> list[dic
 
 def prepare_data(args: argparse.Namespace, work_dir: str) -> dict:
     """The data files of the selection (paths by name in ``DATA_FILES``), written unless already there."""
-    from toolkit.config import read_config
     from toolkit.dataset.cmvn_stats import compute_stats
     from toolkit.dataset.data_list import reencode_audio, write_raw_list
     from toolkit.text.tokenizer import write_symbol_table
     from toolkit.text.units import collect_char_units
+    from toolkit.train_config import read_config
 
     work_dir = os.path.abspath(work_dir)
     paths = {name: os.path.join(work_dir, name) for name in DATA_FILES}
@@ -159,7 +159,7 @@ class _Probe:
     def __init__(self, executor, clock, profile_steps: tuple = (), profile_path: str = ""):
         from torch.nn.parallel import DistributedDataParallel
 
-        from toolkit.utils.perf import AllReduceTimer
+        from harness import AllReduceTimer
 
         self.clock = clock
         self.profile_steps, self.profile_path = set(profile_steps), profile_path
@@ -228,11 +228,11 @@ class _Probe:
 
 def run_worker(argv: list[str]) -> None:
     """Inside torchrun: ``--probe_json PATH --steps N -- <toolkit.bin.train arguments>``; each rank writes
-    ``PATH.rank<R>.json`` (:func:`toolkit.utils.perf.finish_rank`)."""
+    ``PATH.rank<R>.json`` (:func:`harness.finish_rank`)."""
     import torch
 
     import toolkit.bin.train as train
-    from toolkit.utils.perf import StepClock, TimedLoader, finish_rank
+    from harness import StepClock, TimedLoader, finish_rank
 
     split = argv.index("--")
     parser = argparse.ArgumentParser()
@@ -274,7 +274,7 @@ def run_worker(argv: list[str]) -> None:
 
 def run_training(args: argparse.Namespace, data: dict, nproc: int, run_dir: str) -> dict:
     """One torchrun job of ``nproc`` ranks; returns its summary (with each rank's record)."""
-    from toolkit.utils.perf import summarize_run
+    from harness import summarize_run
 
     os.makedirs(run_dir, exist_ok=True)
     probe_json = os.path.join(run_dir, "probe")
@@ -304,7 +304,7 @@ def run_training(args: argparse.Namespace, data: dict, nproc: int, run_dir: str)
 
 
 def frame_shift_s(args: argparse.Namespace) -> float:
-    from toolkit.config import read_config
+    from toolkit.train_config import read_config
 
     return read_config(args.config, args.override_config).dataset_conf.fbank_conf.frame_shift_s
 
@@ -346,7 +346,7 @@ def print_table(results: dict, print_steps: bool = False) -> None:
 
 
 def _step_line(step: dict) -> str:
-    from toolkit.utils.perf import PARTS
+    from harness import PARTS
 
     parts = " ".join(f"{p} {step[p]:.2f}" for p in (*PARTS, "other", "gc") if step[p] >= 0.005)
     return (f"{step['wall']:.2f} s, {step['frames']} frames ({step['padded_frames']} padded), "

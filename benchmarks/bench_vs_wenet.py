@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-from toolkit.utils.perf import fresh_dir, print_side_by_side, run_bench_train, run_logged, summarize_run
+from harness import fresh_dir, print_side_by_side, run_bench_train, run_logged, summarize_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_TRAIN = os.path.join(REPO, "benchmarks", "bench_train.py")
@@ -95,7 +95,7 @@ def run_wenet(args: argparse.Namespace, data: dict, wenet_config: str, run_dir: 
            "--data_type", "raw", "--train_data", data["train.list"], "--cv_data", data["cv.list"],
            "--model_dir", os.path.join(run_dir, "model"), "--tensorboard_dir", os.path.join(run_dir, "tb"),
            "--num_workers", "1", "--prefetch", "10"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(args.wenet_dir), REPO]),
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(args.wenet_dir),
            "BENCH_LAUNCH_TIME": repr(time.time())}
     run_logged(cmd, os.path.join(run_dir, "train.log"), args.timeout_s, env, cwd=REPO)
     with open(f"{probe_json}.rank0.json", encoding="utf-8") as f:

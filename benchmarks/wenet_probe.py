@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """WeNet's trainer with this toolkit's step clock attached: the WeNet side of ``benchmarks/bench_vs_wenet.py``.
 
-Runs in WeNet's own venv, with WeNet's source and this repository on ``PYTHONPATH`` (only ``toolkit.utils.perf``,
-torch and the standard library are imported from here), under torchrun, as bench_vs_wenet.py launches it:
+Runs in WeNet's own venv, with WeNet's source on ``PYTHONPATH`` (only ``benchmarks/harness.py``, found in this
+script's folder, torch and the standard library are imported from here), under torchrun, as bench_vs_wenet.py
+launches it:
 
-    PYTHONPATH=<wenet_dir>:<this repo> BENCH_LAUNCH_TIME=<time.time()> <wenet python> -m torch.distributed.run \\
+    PYTHONPATH=<wenet_dir> BENCH_LAUNCH_TIME=<time.time()> <wenet python> -m torch.distributed.run \\
         --standalone --nproc_per_node=1 benchmarks/wenet_probe.py --probe_json PATH -- <wenet/bin/train.py args>
 
 WeNet's code is not changed by this script: it calls WeNet's ``main()`` after wrapping names that WeNet's trainer
 looks up at call time, with the same clock and the same parts as ``benchmarks/bench_train.py``
-(:mod:`toolkit.utils.perf`):
+(:mod:`harness`):
 
 - the train loader returned by ``init_dataset_and_dataloader``: ``data`` (time in ``next()``);
 - ``wrap_cuda_model``: the DDP model gets the timed default all-reduce comm hook;
@@ -18,7 +19,7 @@ looks up at call time, with the same clock and the same parts as ``benchmarks/be
 - ``batch_backward``: ``backward`` and the exposed ``allreduce``;
 - ``update_parameter_and_lr``: ``optimizer`` (clip, Adam, zero_grad, LR schedule); its end closes the step;
 - ``log_per_step``: ``log``;
-- ``Executor.train``: after its epoch, :func:`toolkit.utils.perf.finish_rank` writes ``PATH.rank<R>.json``
+- ``Executor.train``: after its epoch, :func:`harness.finish_rank` writes ``PATH.rank<R>.json``
   (peak RSS, the matmul rate, the FLOPs of a copy of the model on the last trained batch).
 """
 
@@ -47,7 +48,7 @@ def main() -> None:
 
     import wenet.bin.train as wenet_train
     import wenet.utils.executor as wenet_executor
-    from toolkit.utils.perf import AllReduceTimer, StepClock, TimedLoader, finish_rank
+    from harness import AllReduceTimer, StepClock, TimedLoader, finish_rank
 
     clock = StepClock()
     allreduce = AllReduceTimer(clock)

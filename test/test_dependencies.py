@@ -21,7 +21,9 @@ IMPORT_ALL = ("import importlib, pkgutil, toolkit\n"
               "from toolkit.dataset.processor import WORKER_IMPORTS\n"
               "for name in WORKER_IMPORTS:\n"
               "    importlib.import_module(name)\n")
+# benchmarks/harness.py is the scripts' shared module, not a command: the scripts that import it print their help.
 TOOLS = sorted(glob.glob(os.path.join(REPO, "tools", "*.py")) + glob.glob(os.path.join(REPO, "benchmarks", "*.py")))
+TOOLS.remove(os.path.join(REPO, "benchmarks", "harness.py"))
 CLIS = ["toolkit.bin.train", "toolkit.bin.recognize", "toolkit.bin.average_model"]
 
 

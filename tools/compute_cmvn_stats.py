@@ -20,9 +20,9 @@ import logging
 import os
 import sys
 
-from toolkit.config import read_config
 from toolkit.dataset.cmvn_stats import compute_stats, read_entries
-from toolkit.utils.config import exit_on_config_error
+from toolkit.train_config import read_config
+from toolkit.utils.config_parsing import exit_on_config_error
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Estimate a word n-gram LM (interpolated modified Kneser-Ney, :mod:`toolkit.text.ngram_lm`) from the transcripts
+"""Estimate a word n-gram LM (interpolated modified Kneser-Ney, :mod:`toolkit.text.kneser_ney`) from the transcripts
 of a Kaldi ``text`` file (``key word word ...`` per line) and write it as an ARPA file, for decoding with
 ``toolkit.bin.recognize --lm``. With ``--common_words N`` the N most frequent English words (wordfreq) spelt with
 the transcripts' characters join the vocabulary, as the prior of the unigrams
@@ -15,7 +15,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from toolkit.text.ngram_lm import write_kneser_ney_arpa
+from toolkit.text.kneser_ney import write_kneser_ney_arpa
 
 
 def main() -> None:

@@ -6,12 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from toolkit.config import read_config
+from harness import PARTS
+
 from toolkit.dataset.pipeline import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import CharTokenizer
 from toolkit.text.units import collect_char_units
-from toolkit.utils.perf import PARTS
+from toolkit.train_config import read_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPORA = ["speechocean762", "kathleen", "ljspeech", "fsdd"]

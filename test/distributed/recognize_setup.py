@@ -13,11 +13,11 @@ import sys
 
 import torch
 
-from toolkit.config import read_config
 from toolkit.dataset.cmvn_stats import compute_stats
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS
 from toolkit.text.tokenizer import WORD_BOUNDARY, init_tokenizer, text_to_char_units, write_symbol_table
+from toolkit.train_config import read_config
 from toolkit.utils.checkpoint import save_checkpoint
 
 from .recipe_data import CONF, ENV, REPO, kaldi_entries

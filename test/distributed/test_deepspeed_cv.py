@@ -12,10 +12,10 @@ import pytest
 import torch
 import yaml
 
-from toolkit.config import read_config
 from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import init_tokenizer
+from toolkit.train_config import read_config
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
 from .recipe_data import REPO, TIMEOUT_S, run_standalone, train_args, write_data

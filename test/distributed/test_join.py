@@ -13,7 +13,7 @@ import torch.distributed as dist
 from toolkit.distributed.join import init_join
 from toolkit.distributed.context import DistContext
 from toolkit.engine.train_conf import resolve_train_conf
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 from .launch import run_ranks
 

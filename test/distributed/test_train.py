@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from toolkit.config import read_config
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import init_tokenizer
+from toolkit.train_config import read_config
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
 from .recipe_data import (CONF, ENV, finished_job, kaldi_entries, run_standalone, session_data, train_args,

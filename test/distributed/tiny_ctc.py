@@ -13,9 +13,9 @@ import soundfile as sf
 import torch
 import torch.nn.functional as F
 
-from toolkit.config import read_config
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import ASRModel
+from toolkit.train_config import read_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = os.path.join(REPO, "corpora", "tiny_fsdd")

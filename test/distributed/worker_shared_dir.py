@@ -11,7 +11,7 @@ import sys
 
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.shared_dir import check_shared_dir
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 out_dir, dirs = sys.argv[1], sys.argv[2:]
 ctx = init_distributed(timeout_s=30)

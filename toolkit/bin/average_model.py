@@ -36,7 +36,8 @@ import yaml
 
 from toolkit.utils.checkpoint import (MODEL_KEY, checkpoint_number, finite_cv_loss, list_checkpoints,
                                       load_checkpoint, load_info, save_checkpoint)
-from toolkit.utils.config import ConfigError, exit_on_config_error
+from toolkit.utils.config_parsing import ConfigError, exit_on_config_error
+from toolkit.utils.shutdown import freeze_at_exit
 
 logger = logging.getLogger(__name__)
 WRAPPER_PREFIX = "module."
@@ -172,7 +173,9 @@ def main(argv=None) -> None:
 
 
 def cli() -> None:
-    """The ``toolkit-average-model`` command: a config error is one log line and exit status 2."""
+    """The ``toolkit-average-model`` command: a config error is one log line and exit status 2; the process's exit
+    skips the collections of torch's objects (:func:`toolkit.utils.shutdown.freeze_at_exit`)."""
+    freeze_at_exit()
     exit_on_config_error(main)
 
 

@@ -44,7 +44,6 @@ from collections import Counter
 
 import torch
 
-from toolkit.config import read_config
 from toolkit.dataset import DatasetConf, build_dataloader, build_dataset
 from toolkit.dataset.conf import BatchConf, FilterConf, TokenizeConf
 from toolkit.dataset.pipeline import read_transcripts
@@ -57,9 +56,11 @@ from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
+from toolkit.train_config import read_config
 from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
-from toolkit.utils.config import ConfigError, exit_on_config_error
+from toolkit.utils.config_parsing import ConfigError, exit_on_config_error
 from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
+from toolkit.utils.shutdown import freeze_at_exit
 LM_DEFAULTS = {"lm_weight": 0.5, "word_bonus": 0.0, "oov_penalty": 0.0, "spelling_lm": ""}
 # NOTE: these skips lose utterances before their key is read, so they cannot be scored as deletions here.
 UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
@@ -102,7 +103,7 @@ def get_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
+def decoding_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
     """The training pipeline's features with decoding settings: nothing filtered out, static batches, original
     order."""
     # NOTE: a test transcript may hold characters the training dictionary lacks; the audio is still decoded and
@@ -248,7 +249,7 @@ def main(argv=None) -> None:
             raise ConfigError(f"--lm {args.lm}{spelling}: {e}") from e
         logging.info("word LM %s: %d-gram, weight %s, word bonus %s, OOV penalty %s, spelling LM %s", args.lm,
                      lm.model.order, args.lm_weight, args.word_bonus, args.oov_penalty, args.spelling_lm or "none")
-    dataset_conf = test_dataset_conf(config.dataset_conf, args.batch_size)
+    dataset_conf = decoding_dataset_conf(config.dataset_conf, args.batch_size)
     dataset = build_dataset(args.test_data, tokenizer, dataset_conf, mode="test", rank=ctx.rank,
                             world_size=ctx.world_size)
     loader = build_dataloader(dataset)
@@ -285,7 +286,9 @@ def main(argv=None) -> None:
 
 
 def cli() -> None:
-    """The ``toolkit-recognize`` command: a config error is one log line and exit status 2."""
+    """The ``toolkit-recognize`` command: a config error is one log line and exit status 2; the process's exit skips the
+    collections of torch's objects (:func:`toolkit.utils.shutdown.freeze_at_exit`)."""
+    freeze_at_exit()
     exit_on_config_error(main)
 
 

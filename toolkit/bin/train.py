@@ -18,6 +18,14 @@ resumes from the newest committed checkpoint in the model dir, so that torchrun'
 job whose rank died (run.sh ``--max_restarts N``).
 DeepSpeed ZeRO instead of DDP: add ``--train_engine deepspeed --deepspeed_config conf/ds_stage2.json`` (stage 1/2/3
 JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come from the YAML).
+
+Check only (the recipe runs this before any stage; one process, no rank, no file written):
+
+    python -m toolkit.bin.train --check_only --config conf/train_conformer.yaml --override_config "..." \
+        --decode_modes "ctc_prefix_beam_search attention_rescoring"
+
+prints ``MAX_EPOCH GPUS LM_USED`` (``train_conf.max_epoch``, the GPUs this node has, 1 if one of the decoding modes
+fuses the word LM) and exits 0, or prints one line naming the error and exits 1.
 """
 
 from __future__ import annotations
@@ -27,11 +35,12 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 
 import torch
 
-from toolkit.config import Config, read_config
 from toolkit.dataset import count_utterances, init_dataset_and_dataloader
+from toolkit.dataset.pipeline import plans_batches
 from toolkit.distributed.collectives import broadcast_object_from_main
 from toolkit.distributed.context import DistContext, destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
@@ -41,25 +50,32 @@ from toolkit.engine import ENGINE_CHOICES, Engine, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.compile import compile_blocks
 from toolkit.engine.executor import Executor, data_signature, require_utterances
+from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
-from toolkit.models.summary import trace_and_print_model
+from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
+from toolkit.train_config import Config, read_config
 from toolkit.utils.checkpoint import newest_checkpoint
-from toolkit.utils.config import exit_on_config_error
+from toolkit.utils.config_parsing import ConfigError, exit_on_config_error
 from toolkit.utils.rng import seed_global_rngs
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
-from toolkit.utils.summary import init_summarywriter
+from toolkit.utils.shutdown import freeze_at_exit
+from toolkit.utils.tensorboard_writer import init_summarywriter
+
+
+# What a training run needs beside --config, and --check_only does not.
+RUN_ARGS = ("train_data", "cv_data", "model_dir")
 
 
 def get_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="training YAML")
+    parser.add_argument("--config", help="training YAML (required, but optional with --check_only)")
     parser.add_argument("--override_config", action="append", default=[],
                         help='"key.sub value" (YAML value; a mapping merges into its section); repeatable; the key '
                              "must exist in the config or its section's defaults")
-    parser.add_argument("--train_data", required=True, help="data.list (JSON lines) of the training set")
-    parser.add_argument("--cv_data", required=True, help="data.list of the cross-validation set")
-    parser.add_argument("--model_dir", required=True, help="where checkpoints and train.yaml go")
+    parser.add_argument("--train_data", help="data.list (JSON lines) of the training set (required)")
+    parser.add_argument("--cv_data", help="data.list of the cross-validation set (required)")
+    parser.add_argument("--model_dir", help="where checkpoints and train.yaml go (required)")
     parser.add_argument("--tensorboard_dir", default="tensorboard")
     parser.add_argument("--checkpoint", default=None,
                         help="resume from this epoch_N.pt, step_N.pt or init.pt; 'auto': from the newest committed "
@@ -71,7 +87,46 @@ def get_args(argv=None) -> argparse.Namespace:
                              "the consolidated .pt is written")
     parser.add_argument("--pg_timeout_s", type=float, default=1800.0,
                         help="process-group timeout: a collective waiting longer fails instead of hanging")
-    return parser.parse_args(argv)
+    parser.add_argument("--check_only", action="store_true",
+                        help="check --config with the overrides (the optimizer and LR schedule built on a stand-in "
+                             "parameter) and --decode_modes, print MAX_EPOCH GPUS LM_USED and exit (MAX_EPOCH 0 "
+                             "without --config); nothing is trained or written")
+    parser.add_argument("--decode_modes", help="with --check_only: the space-separated decoding modes the trained "
+                                               f"model will be decoded with, each one of {list(DECODING_METHODS)}")
+    args = parser.parse_args(argv)
+    needed = () if args.check_only else ("config", *RUN_ARGS)
+    missing = [f"--{name}" for name in needed if getattr(args, name) is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+    if args.decode_modes is not None and not args.check_only:
+        parser.error("--decode_modes goes with --check_only (toolkit.bin.recognize takes --modes)")
+    return args
+
+
+def check_only(args: argparse.Namespace) -> None:
+    """``--check_only``: what a run would refuse late, refused before any rank or file exists, in one process start
+    (importing torch takes seconds): the config with its overrides (read as step 1 of :func:`main` reads it, the
+    optimizer and LR scheduler built as step 5 builds them, on a stand-in parameter; ``max_steps``: any count where
+    the trainer will count one) and the decoding modes the model will be decoded with (the model's own list).
+    Prints ``MAX_EPOCH GPUS LM_USED``; an error is one line on stderr and exit status 1."""
+    lm_used = 0
+    if args.decode_modes is not None:
+        modes = args.decode_modes.split()
+        bad = [m for m in modes if m not in DECODING_METHODS]
+        if bad or not modes:
+            sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(DECODING_METHODS)}")
+        lm_used = int(any(m in LM_METHODS for m in modes))
+    max_epoch = 0
+    if args.config is not None:
+        try:
+            config = read_config(args.config, args.override_config)
+            init_optimizer_and_scheduler([torch.nn.Parameter(torch.zeros(1))], config.optim, config.optim_conf,
+                                         config.scheduler, config.scheduler_conf,
+                                         1 if plans_batches(config.dataset_conf) else None)
+        except ConfigError as e:
+            sys.exit(f"--config/--override_config: {e}")
+        max_epoch = config.train_conf.max_epoch
+    print(max_epoch, torch.cuda.device_count(), lm_used)
 
 
 def setup_logging(rank: int | None = None) -> None:
@@ -84,7 +139,8 @@ def wrap_cuda_model(args: argparse.Namespace, ctx: DistContext, config: Config, 
                     optimizer: torch.optim.Optimizer, scheduler) -> Engine:
     """The engine of ``--train_engine``, holding the model on this rank's device, wrapped for data parallelism
     (DDP or DeepSpeed), with its optimizer and scheduler; with ``train_conf.compile`` the model's blocks are compiled
-    in place first (:mod:`toolkit.engine.compile`)."""
+    in place first (:mod:`toolkit.engine.compile`). WeNet's name, kept: it wraps for whatever device the rank has,
+    the CPU too (gloo), not only CUDA."""
     batch = config.dataset_conf.batch_conf
     engine = init_engine(args.train_engine, ctx, config.train_conf, model.has_unused_parameters,
                          deepspeed_config=args.deepspeed_config,
@@ -100,6 +156,9 @@ def wrap_cuda_model(args: argparse.Namespace, ctx: DistContext, config: Config, 
 
 def main(argv=None) -> None:
     args = get_args(argv)
+    if args.check_only:  # the checks alone (the recipe's, before any stage)
+        check_only(args)
+        return
     setup_logging()
     # 1. the config, resolved once: YAML + --override_config (any key of a typed section, even one the YAML omits)
     config = read_config(args.config, args.override_config)
@@ -118,7 +177,7 @@ def main(argv=None) -> None:
     # 4. model (train_conf says whether its layers recompute activations in backward), TorchScript check, size
     model = init_model(config)
     model.set_activation_checkpointing(train_conf.activation_checkpointing)
-    trace_and_print_model(model, log=main_process_only(logging.info))
+    check_model(model, log=main_process_only(logging.info))
     # 5. optimizer and LR scheduler (a schedule that ends with the run learns its steps from the planned batches),
     # then the engine: DDP or DeepSpeed on this rank's device
     batches = train_set.batches_per_epoch()
@@ -169,7 +228,9 @@ def _save_config(config: Config, model_dir: str) -> None:
 
 
 def cli() -> None:
-    """The ``toolkit-train`` command: a config error is one log line and exit status 2."""
+    """The ``toolkit-train`` command: a config error is one log line and exit status 2; the process's exit skips the
+    collections of torch's objects (:func:`toolkit.utils.shutdown.freeze_at_exit`)."""
+    freeze_at_exit()
     exit_on_config_error(main)
 
 

@@ -1,9 +1,9 @@
 """``dataset_conf``: the typed settings of the data pipeline, one dataclass per step, in pipeline order.
 
 Built from the YAML's ``dataset_conf`` by :func:`resolve_dataset_conf` (through
-:func:`toolkit.utils.config.typed`): keys it leaves out take the defaults below, an unknown key or a wrongly typed
-value stops with a one-line :class:`~toolkit.utils.config.ConfigError`. Lengths are in 10 ms frames unless the name
-says otherwise; the frame shift itself is ``fbank_conf.frame_shift`` (ms).
+:func:`toolkit.utils.config_parsing.typed`): keys it leaves out take the defaults below, an unknown key or a wrongly
+typed value stops with a one-line :class:`~toolkit.utils.config_parsing.ConfigError`. Lengths are in 10 ms frames
+unless the name says otherwise; the frame shift itself is ``fbank_conf.frame_shift`` (ms).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional
 
-from toolkit.utils.config import fill_defaults, require, typed
+from toolkit.utils.config_parsing import fill_defaults, require, typed
 
 
 @dataclass

@@ -54,7 +54,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from toolkit.dataset import processor, shard
 from toolkit.dataset.conf import DatasetConf, resolve_dataset_conf
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import socket
 
 from toolkit.distributed.collectives import all_gather_objects, broadcast_object_from_main
 from toolkit.distributed.main_only import is_main_process, run_on_main
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 MARKER = ".shared_dir_check"
 

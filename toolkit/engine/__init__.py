@@ -7,7 +7,7 @@ from toolkit.engine.base import Engine
 from toolkit.engine.deepspeed import DeepSpeedEngine, check_deepspeed_config, load_deepspeed_config
 from toolkit.engine.torch_ddp import TorchDDPEngine
 from toolkit.engine.train_conf import TrainConf
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 ENGINE_CHOICES = ("torch_ddp", "deepspeed")
 

@@ -16,7 +16,7 @@ import torch
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import check_collective, run_on_main
 from toolkit.utils.checkpoint import EXTRA_KEY, load_checkpoint, save_checkpoint
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -12,7 +12,7 @@ the decoder layers), each with ``nn.Module.compile(dynamic=True)``. Why these, a
   symbolic sizes; torch's default would compile a static graph first and a dynamic one at the second shape.
 * In place (``nn.Module.compile``, not the ``torch.compile(module)`` wrapper): the module keeps its class and its
   ``state_dict`` keys (no ``_orig_mod.`` prefix), so checkpoints load into an eager model and
-  ``toolkit.models.summary`` scripts the same modules for export.
+  ``toolkit.models.checks`` scripts the same modules for export.
 * DDP: compiled blocks *inside* DDP. Each block's backward is one autograd node, so the gradients of a block
   arrive together when its backward ends and DDP's buckets still all-reduce while earlier blocks run backward
   (compiling the whole model inside DDP would release every gradient at the end of one fused backward; PyTorch's

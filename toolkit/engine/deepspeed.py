@@ -49,7 +49,7 @@ from toolkit.engine.base import PRECISIONS, Engine
 from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, load_extra_state,
                                       save_checkpoint)
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 
 def load_deepspeed_config(path: str) -> dict:

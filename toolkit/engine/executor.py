@@ -22,8 +22,8 @@ engine on every rank, and the LR schedule does not advance (see :meth:`Engine.st
 ``skipped_steps``.
 
 Tensorboard: every scalar is keyed by the optimizer step (``cv/loss`` and ``train/epoch_loss`` at the epoch's last
-step), so a resumed run's ``purge_step`` (see :func:`toolkit.utils.summary.init_summarywriter`) hides the abandoned
-run's points of every tag alike.
+step), so a resumed run's ``purge_step`` (see :func:`toolkit.utils.tensorboard_writer.init_summarywriter`) hides
+the abandoned run's points of every tag alike.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from toolkit.engine.base import Engine
 from toolkit.engine.checkpointer import Checkpointer
 from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import load_info
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.rng import RngState
 
 MODEL_INPUT_KEYS = ("feats", "feats_lengths", "target", "target_lengths")

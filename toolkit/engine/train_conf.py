@@ -1,8 +1,8 @@
 """``train_conf``: the trainer's typed settings (epochs, accumulation, clipping, precision, checkpoints, join).
 
-Built from the YAML's ``train_conf`` by :func:`resolve_train_conf` (through :func:`toolkit.utils.config.typed`):
+Built from the YAML's ``train_conf`` by :func:`resolve_train_conf` (through :func:`toolkit.utils.config_parsing.typed`):
 keys it leaves out take the defaults below, an unknown key or a wrongly typed or out-of-range value stops with a
-one-line :class:`~toolkit.utils.config.ConfigError`.
+one-line :class:`~toolkit.utils.config_parsing.ConfigError`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
 from toolkit.distributed.join import JOIN_MODES
-from toolkit.utils.config import fill_defaults, require, typed
+from toolkit.utils.config_parsing import fill_defaults, require, typed
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 

@@ -11,7 +11,7 @@ from toolkit.models.transformer.cmvn import GlobalCMVN, load_global_cmvn
 from toolkit.models.transformer.ctc import CTC
 from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 ENCODERS = {"conformer": ConformerEncoder, "transformer": TransformerEncoder}
 DECODERS = {"bitransformer": BiTransformerDecoder, "transformer": TransformerDecoder}
@@ -46,7 +46,7 @@ def init_model(conf, input_dim: int | None = None, vocab_size: int | None = None
     """Instantiate the model described by the model sections of a training config.
 
     Args:
-        conf: a :class:`toolkit.config.Config`, or the config as a plain mapping (a loaded YAML), with
+        conf: a :class:`toolkit.train_config.Config`, or the config as a plain mapping (a loaded YAML), with
             ``encoder`` (conformer|transformer) and ``encoder_conf``, ``decoder`` (transformer|bitransformer) and
             ``decoder_conf``, ``ctc_conf`` (:class:`CTC` keywords: dropout_rate, upsample), ``model_conf``
             (:class:`ASRModel` keywords: ctc_weight, lsm_weight, length_normalized_loss, interctc_weight,

@@ -1,6 +1,6 @@
 """The most frequent words of a language, from wordfreq (Speer, 2022: its English list merges Wikipedia, subtitles,
 news, books, web text and social media; data CC BY-SA 4.0), as a prior that gives the word n-gram LM
-(:mod:`toolkit.text.ngram_lm`) the words its training transcripts lack."""
+(:mod:`toolkit.text.kneser_ney`) the words its training transcripts lack."""
 from typing import Iterable
 
 import wordfreq
@@ -8,7 +8,7 @@ import wordfreq
 
 def common_words(count: int, alphabet: Iterable[str], upper: bool, language: str = "en") -> dict[str, float]:
     """The ``count`` most frequent words of ``language`` (its wordfreq "large" list) that ``alphabet`` spells, with
-    their frequencies: a prior for :func:`toolkit.text.ngram_lm.kneser_ney_arpa`.
+    their frequencies: a prior for :func:`toolkit.text.kneser_ney.kneser_ney_arpa`.
 
     Args:
         count: words to take, >= 1 (fewer when the list runs out).

@@ -18,8 +18,8 @@ word) is one unit with the unk id, never the characters ``< u n k >``; a literal
 unit that also maps to the unk id, because those ids must never be a target. ``tools/make_dict.py`` and
 ``tools/spm_train.py`` leave them out of what they learn (:func:`strip_special_symbols`).
 
-A table that cannot be right is refused with a :class:`~toolkit.utils.config.ConfigError` (one line naming the file
-and line, and what to do): a malformed line, a repeated symbol or id, a missing id, the special symbols out of
+A table that cannot be right is refused with a :class:`~toolkit.utils.config_parsing.ConfigError` (one line naming the
+file and line, and what to do): a malformed line, a repeated symbol or id, a missing id, the special symbols out of
 place, a BPE table that is not the SentencePiece model's, or (:func:`check_model_fits_table`) a table whose size is
 not the model's output dimension.
 """
@@ -30,7 +30,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import sentencepiece as spm
 
 from toolkit.utils.common import BLANK_ID, UNK_ID
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 WORD_BOUNDARY = "\u2581"  # "▁", SentencePiece's whitespace marker
 BLANK = "<blank>"

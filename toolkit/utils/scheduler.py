@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 OPTIMIZER_CHOICES = ("adam", "adamw")
 

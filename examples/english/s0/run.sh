@@ -129,33 +129,15 @@ else
 fi
 IFS=';' read -ra extra <<< "$overrides"
 for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_config "$o"); done
-# Checked now with the toolkit's own code, in one Python start (each is seconds): the decoding modes by the model's
+# Checked now by the trainer's --check_only, in one Python start (each is seconds): the decoding modes by the model's
 # own list (lm_used: whether one of them decodes with the LM); with stage 4 in the range, the config and overrides
 # (the optimizer and LR schedule built on a stand-in parameter: a typo is one line before any work, not one per rank
-# and torchrun's traceback; max_steps: any count where the trainer will count one), so that the averaging is
-# checked against the epochs this run will train, not after them; and the number of GPUs.
-override_values=()
-for ((i = 1; i < ${#train_overrides[@]}; i += 2)); do override_values+=("${train_overrides[$i]}"); done
-checked=$(python -c 'import sys; import torch
-from toolkit.models.transformer.asr_model import DECODING_METHODS as known, LM_METHODS
-modes, check_config, config, overrides = sys.argv[1].split(), sys.argv[2] == "1", sys.argv[3], sys.argv[4:]
-bad = [m for m in modes if m not in known]
-if bad or not modes:
-    sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(known)}")
-max_epoch = 0
-if check_config:
-    from toolkit.config import read_config; from toolkit.dataset.pipeline import plans_batches
-    from toolkit.utils.config import ConfigError; from toolkit.utils.scheduler import init_optimizer_and_scheduler
-    try:
-        c = read_config(config, overrides)
-        init_optimizer_and_scheduler([torch.nn.Parameter(torch.zeros(1))], c.optim, c.optim_conf, c.scheduler,
-                                     c.scheduler_conf, 1 if plans_batches(c.dataset_conf) else None)
-    except ConfigError as e:
-        sys.exit(f"--train_config/--overrides: {e}")
-    max_epoch = c.train_conf.max_epoch
-print(int(any(m in LM_METHODS for m in modes)), max_epoch, torch.cuda.device_count())' \
-  "$decode_modes" "$(( stage <= 4 && stop_stage >= 4 ))" "$train_config" "${override_values[@]}") || exit 1
-read -r lm_used max_epoch gpus <<< "$checked"
+# and torchrun's traceback), so that the averaging is checked against the epochs this run will train, not after
+# them; and the number of GPUs.
+check_config=()
+(( stage > 4 || stop_stage < 4 )) || check_config=(--config "$train_config" "${train_overrides[@]}")
+checked=$(python -m toolkit.bin.train --check_only --decode_modes "$decode_modes" "${check_config[@]}") || exit 1
+read -r max_epoch gpus lm_used <<< "$checked"
 (( stage > 4 || stop_stage < 5 || average_num == 0 || max_epoch >= average_num )) ||
   die "--average_num $average_num needs at least $average_num epochs, but train_conf.max_epoch is $max_epoch (lower --average_num, or 0 for the last epoch)"
 if [ -z "$nproc_per_node" ]; then

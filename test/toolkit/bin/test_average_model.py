@@ -9,7 +9,7 @@ import yaml
 
 from toolkit.bin.average_model import average_checkpoints, main, select_checkpoints
 from toolkit.utils.checkpoint import load_checkpoint, load_info, save_checkpoint
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 
 def write_epochs(tmp_path, cv_losses):

@@ -23,7 +23,7 @@ from toolkit.dataset.conf import FbankConf
 from toolkit.dataset.pipeline import build_dataloader, build_dataset, deal_chunks, plan_batches, read_transcripts
 from toolkit.dataset.shard import write_shard
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 FSDD = ROOT / "corpora/tiny_fsdd"

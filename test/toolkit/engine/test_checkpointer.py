@@ -14,7 +14,7 @@ from toolkit.engine.checkpointer import Checkpointer, checkpoints_to_delete, ran
 from toolkit.engine.executor import EpochPosition, EpochStats, RunningEpochStats, TrainProgress
 from toolkit.utils.checkpoint import EXTRA_KEY, delete_checkpoint, load_checkpoint, save_checkpoint
 from toolkit.engine.train_conf import resolve_train_conf
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.rng import RngState
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 

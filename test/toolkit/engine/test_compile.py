@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from toolkit.config import read_config
 from toolkit.engine.compile import compile_blocks
 from toolkit.models.registry import init_model
+from toolkit.train_config import read_config
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf",
                     "train_tiny.yaml")

@@ -9,9 +9,9 @@ import pytest
 from toolkit.distributed.context import DistContext
 from toolkit.engine import init_engine
 from toolkit.engine.deepspeed import check_deepspeed_config, expected_shard_files, load_deepspeed_config
-from toolkit.config import read_config
 from toolkit.engine.train_conf import resolve_train_conf
-from toolkit.utils.config import ConfigError
+from toolkit.train_config import read_config
+from toolkit.utils.config_parsing import ConfigError
 
 RECIPE_CONF = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf")
 RECIPE_YAMLS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(RECIPE_CONF, "*.yaml")))  # every one shipped

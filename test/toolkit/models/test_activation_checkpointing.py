@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from toolkit.config import Config
+from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
-from toolkit.models.summary import trace_and_print_model
+from toolkit.train_config import Config
 from toolkit.utils.common import IGNORE_ID
 
 from .conftest import assert_equal_up_to_rounding
@@ -101,7 +101,7 @@ def test_evaluation_no_grad_and_torchscript_run_each_layer_once(tiny_fsdd):
     for hook in hooks:  # TorchScript would compile them
         hook.remove()
     logged = []
-    trace_and_print_model(model, log=lambda fmt, *args: logged.append(fmt % args))  # scripts encoder and decoder
+    check_model(model, log=lambda fmt, *args: logged.append(fmt % args))  # scripts encoder and decoder
     assert "activation_checkpointing=True" in logged[0]
     scripted = torch.jit.script(model.encoder)
     assert "checkpoint" not in scripted.code

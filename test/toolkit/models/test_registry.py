@@ -3,12 +3,12 @@ import json
 import pytest
 import torch
 
-from toolkit.config import Config
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import ASRModel
 from toolkit.models.transformer.cmvn import GlobalCMVN
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
-from toolkit.utils.config import ConfigError
+from toolkit.train_config import Config
+from toolkit.utils.config_parsing import ConfigError
 
 from .conftest import assert_equal_up_to_rounding
 

@@ -7,7 +7,7 @@ from toolkit.text.tokenizer import (BpeTokenizer, CharTokenizer, check_model_fit
                                     read_symbol_table, write_symbol_table)
 from toolkit.text.units import collect_char_units, train_sentencepiece
 from toolkit.utils.common import UNK_ID
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.scheduler import WarmupCosineLR, WarmupLR, init_optimizer_and_scheduler
 
 

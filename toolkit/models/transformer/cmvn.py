@@ -4,7 +4,7 @@ import json
 import torch
 from torch import nn
 
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 
 def load_global_cmvn(cmvn_file: str) -> tuple[torch.Tensor, torch.Tensor]:

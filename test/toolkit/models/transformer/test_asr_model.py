@@ -2,11 +2,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from toolkit.config import Config
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, ASRModel, add_sos_eos, reverse_pad_list
+from toolkit.train_config import Config
 from toolkit.utils.common import IGNORE_ID
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 # Four different speakers and words; the shortest (0.33 s) still has 7 encoder frames for the
 # 5 tokens of THREE.

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from toolkit.models.transformer.cmvn import GlobalCMVN, load_global_cmvn
-from toolkit.utils.config import ConfigError
+from toolkit.utils.config_parsing import ConfigError
 
 
 def test_stats_file_gives_zero_mean_unit_variance_on_its_data(tmp_path, tiny_fsdd):

@@ -6,7 +6,8 @@ import torch
 from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 from toolkit.models.transformer.search import (Hypothesis, attention_beam_search, attention_rescoring,
                                                ctc_greedy_search, ctc_prefix_beam_search)
-from toolkit.text.ngram_lm import WordNgramLM, kneser_ney_arpa
+from toolkit.text.kneser_ney import kneser_ney_arpa
+from toolkit.text.ngram_lm import WordNgramLM
 
 
 def test_greedy_merges_repeats_and_drops_blanks_within_length():

@@ -2,10 +2,12 @@
 steps over ranks, peak resident memory, a measured matrix-multiply rate and a model's counted FLOPs; running one
 benchmark run as a subprocess, and the side-by-side table of two variants.
 
-Used by ``benchmarks/bench_train.py`` (this toolkit's trainer) and ``benchmarks/wenet_probe.py`` (the same records
-from another toolkit's trainer), so both sides of a comparison are counted by one definition, and by
-``benchmarks/bench_vs_wenet.py`` and ``benchmarks/bench_ab.py`` (which run and compare them). Only the standard
-library and torch are imported here.
+The benchmarks' shared module, kept out of the package (the wheel ships no benchmark code): the scripts beside it
+import it as ``harness`` (Python finds modules in a script's own folder first). Used by ``benchmarks/bench_train.py``
+(this toolkit's trainer) and ``benchmarks/wenet_probe.py`` (the same records from another toolkit's trainer), so
+both sides of a comparison are counted by one definition, and by ``benchmarks/bench_vs_wenet.py``,
+``benchmarks/bench_ab.py`` and ``benchmarks/bench_decode.py`` (which run and compare them). Only the standard library
+and torch are imported here (``wenet_probe.py`` runs it in WeNet's venv).
 
 A step record (one dict per optimizer step and rank) holds seconds per part (:data:`PARTS`), ``wall`` (seconds from
 the end of the previous optimizer step to the end of this one; the first step counts from the start of the epoch),
@@ -387,8 +389,8 @@ def source_tree(repo: str, rev: str, work_dir: str) -> str:
 
 def source_env(source: str, env: Optional[dict] = None) -> dict:
     """The environment that runs the toolkit of the checkout ``source`` (its folder first on ``PYTHONPATH``,
-    ahead of an installed copy; ``PYTHONSAFEPATH`` keeps the working directory off ``sys.path``, where a recipe's
-    ``toolkit`` link would win), with ``env`` added."""
+    ahead of an installed copy; ``PYTHONSAFEPATH`` keeps the working directory off the module search path, where a
+    recipe's ``toolkit`` link would win), with ``env`` added."""
     return {**os.environ, **(env or {}), "PYTHONSAFEPATH": "1",
             "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
 
@@ -396,16 +398,20 @@ def source_env(source: str, env: Optional[dict] = None) -> dict:
 def run_bench_train(bench_train: str, config: str, num_utts: int, work_dir: str, run_dir: str,
                     overrides: Iterable[str] = (), env: Optional[dict] = None, timeout_s: float = 1800.0) -> dict:
     """One run of 1 process of the script ``bench_train`` (``benchmarks/bench_train.py`` of a checkout of this
-    repository, whose folder goes first on ``PYTHONPATH`` so that checkout runs its own code) on the data files
-    it prepared in ``work_dir``, with trainer ``overrides`` and ``env`` added; its log and JSON go to ``run_dir``.
-    Returns the run's summary (:func:`summarize_run`)."""
-    source = os.path.dirname(os.path.dirname(os.path.abspath(bench_train)))
+    repository, whose folder and ``benchmarks/`` folder go first on ``PYTHONPATH`` so that checkout runs its own
+    code and harness) on the data files it prepared in ``work_dir``, with trainer ``overrides`` and ``env`` added;
+    its log and JSON go to ``run_dir``. Returns the run's summary (:func:`summarize_run`)."""
+    scripts = os.path.dirname(os.path.abspath(bench_train))
+    source = os.path.dirname(scripts)
+    # NOTE: PYTHONSAFEPATH (source_env) keeps the script's own folder off the search path too, where its harness is.
+    run_env = source_env(source, env)
+    run_env["PYTHONPATH"] = os.pathsep.join([scripts, run_env["PYTHONPATH"]])
     out = os.path.join(run_dir, "result.json")
     cmd = [sys.executable, bench_train, "--config", config, "--num_utts", str(num_utts), "--steps", "0",
            "--nproc", "1", "--work_dir", work_dir, "--json", out, "--timeout_s", str(timeout_s)]
     for override in overrides:
         cmd += ["--override_config", override]
-    run_logged(cmd, os.path.join(run_dir, "bench.log"), timeout_s + 600, source_env(source, env), cwd=source)
+    run_logged(cmd, os.path.join(run_dir, "bench.log"), timeout_s + 600, run_env, cwd=source)
     with open(out, encoding="utf-8") as f:
         return next(iter(json.load(f)["runs"].values()))
 

@@ -1,5 +1,6 @@
-"""The training config (``conf/*.yaml``, saved as ``train.yaml`` in the model dir): read, overridden and resolved
-once, by :func:`read_config`, into a :class:`Config` that the trainer, the decoder and the tools pass down.
+"""The training config's schema (``conf/*.yaml``, saved as ``train.yaml`` in the model dir): read, overridden and
+resolved once, by :func:`read_config`, into a :class:`Config` that the trainer, the decoder and the tools pass down
+(the mechanics, YAML, overrides and typed sections, are :mod:`toolkit.utils.config_parsing`).
 
 Each section is owned by the code that consumes it: ``train_conf`` by the trainer
 (:class:`~toolkit.engine.train_conf.TrainConf`), ``dataset_conf`` by the data pipeline
@@ -21,7 +22,7 @@ from typing import Optional
 
 from toolkit.dataset.conf import DatasetConf, fill_dataset_defaults
 from toolkit.engine.train_conf import TrainConf, fill_train_defaults
-from toolkit.utils.config import apply_overrides, load_config, require, save_config, typed
+from toolkit.utils.config_parsing import apply_overrides, load_config, require, save_config, typed
 
 
 @dataclass
@@ -68,7 +69,7 @@ def read_config(path: str, overrides: list[str] = ()) -> Config:
     """Read ``path``, apply the ``--override_config`` items, and resolve every section once.
 
     Every key of :class:`Config` and of the typed sections can be overridden even when the YAML leaves it out; a
-    mapping value is merged into the section it replaces (see :func:`toolkit.utils.config.apply_overrides`).
+    mapping value is merged into the section it replaces (see :func:`toolkit.utils.config_parsing.apply_overrides`).
 
     Raises:
         ConfigError: the file is missing or not YAML, an override is malformed or names an unknown key, or a key

@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from toolkit.config import read_config
 from toolkit.engine.train_conf import resolve_train_conf
 from toolkit.models.registry import init_model
-from toolkit.utils.config import ConfigError, apply_overrides, load_config
+from toolkit.train_config import read_config
+from toolkit.utils.config_parsing import ConfigError, apply_overrides, load_config
 
 BASE = {"train_conf": {"max_epoch": 10, "grad_clip": 5.0, "dtype": "fp32"},
         "model_conf": {"ctc_weight": 0.3, "length_normalized_loss": False},

@@ -1,4 +1,4 @@
-"""toolkit.utils.perf: the step clock's split adds up, the run summary's arithmetic, counted FLOPs; a benchmark's
+"""benchmarks/harness.py: the step clock's split adds up, the run summary's arithmetic, counted FLOPs; a benchmark's
 subprocess runs the checkout it is given."""
 
 import os
@@ -7,13 +7,13 @@ import sys
 
 import pytest
 import torch
+from harness import PARTS, StepClock, count_train_flops, source_env, summarize_steps
 from torch.utils.flop_counter import FlopCounterMode
 
-from toolkit.config import Config
 from toolkit.models.registry import init_model
-from toolkit.utils.perf import PARTS, StepClock, count_train_flops, source_env, summarize_steps
+from toolkit.train_config import Config
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _step(wall, frames, **parts):

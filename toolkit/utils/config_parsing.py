@@ -1,4 +1,5 @@
-"""Configuration: YAML loading, command-line overrides, and typed sections built from plain dicts.
+"""Config parsing, the mechanics: YAML loading, command-line overrides, and typed sections built from plain dicts (the
+training config's schema, its sections and their owners, is :mod:`toolkit.train_config`).
 
 A config is read from ``conf/*.yaml`` (WeNet layout: ``name:`` paired with ``name_conf:``). Each section that the
 toolkit owns is a dataclass declared by the code that consumes it (``train_conf``: :mod:`toolkit.engine.train_conf`,

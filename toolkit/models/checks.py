@@ -14,7 +14,7 @@ def num_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def trace_and_print_model(model: torch.nn.Module, log: Callable[..., None] = logging.info) -> int:
+def check_model(model: torch.nn.Module, log: Callable[..., None] = logging.info) -> int:
     """Script the encoder and decoder with ``torch.jit.script`` (so an export never fails after hours of
     training) and ``log`` the model and its parameter count (a trainer passes a main-process-only logger).
 

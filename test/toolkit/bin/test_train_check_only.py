@@ -1,0 +1,41 @@
+"""``toolkit.bin.train --check_only`` (what run.sh runs before any stage): the config with its overrides and the
+decoding modes are checked in one process that writes nothing; the answer is one line, an error one line and exit 1.
+run.sh's own messages are tested in test/recipes/test_run_sh_options.py."""
+
+import os
+
+import pytest
+import torch
+
+from toolkit.bin.train import main
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+CONF = os.path.join(REPO, "examples", "english", "s0", "conf", "train_tiny.yaml")
+
+
+def test_it_prints_max_epoch_gpus_and_whether_a_mode_uses_the_lm(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main(["--check_only", "--config", CONF, "--override_config", "train_conf.max_epoch 7",
+          "--decode_modes", "ctc_greedy_search attention_rescoring"])
+    assert capsys.readouterr().out == f"7 {torch.cuda.device_count()} 1\n"
+    main(["--check_only", "--decode_modes", "ctc_greedy_search attention"])  # no config: the modes alone
+    assert capsys.readouterr().out == f"0 {torch.cuda.device_count()} 0\n"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--decode_modes", "ctc_greedy_search beam"], "--decode_modes: unknown mode(s) ['beam']; choose from"),
+    (["--decode_modes", " "], "--decode_modes: unknown mode(s) []"),
+    (["--config", CONF, "--override_config", "scheduler_conf {warmup_steps: 2.5}"],
+     "--config/--override_config: scheduler_conf: warmup_steps must be an integer"),
+])
+def test_an_error_is_one_line_and_exit_status_1(args, message):
+    with pytest.raises(SystemExit) as stop:
+        main(["--check_only", *args])
+    assert str(stop.value.code).startswith(message) and "\n" not in str(stop.value.code)
+
+
+def test_a_run_still_needs_its_data_and_model_dir():
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", CONF])
+    assert stop.value.code == 2
