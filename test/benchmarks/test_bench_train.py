@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from toolkit.config import read_config
-from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import CharTokenizer
 from toolkit.text.units import collect_char_units

@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_ctc import prepared_ddp_engine  # noqa: E402
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset  # noqa: E402
+from toolkit.dataset import build_dataloader, build_dataset  # noqa: E402
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import FlagJoin  # noqa: E402
 from toolkit.engine.checkpointer import Checkpointer  # noqa: E402

@@ -133,7 +133,7 @@ def main(argv=None) -> None:
     # 7. the executor (join, checkpoints with its saver hooks); resume, or save the initial model
     join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s,
                      is_empty=lambda batch: len(batch["keys"]) == 0)
-    signature = data_signature(None if train_set.resumes_on_any_world_size else ctx.world_size, args.train_data,
+    signature = data_signature(None if train_set.planned_batching else ctx.world_size, args.train_data,
                                config.to_dict()["dataset_conf"], train_conf.accum_grad)
     executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
                         config.dataset_conf.fbank_conf.frame_shift_s, signature,

@@ -143,12 +143,12 @@ if bad or not modes:
     sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(known)}")
 max_epoch = 0
 if check_config:
-    from toolkit.config import read_config; from toolkit.dataset.pipeline import plans_batches
+    from toolkit.config import read_config; from toolkit.dataset.planning import planned_batching
     from toolkit.utils.config import ConfigError; from toolkit.utils.scheduler import init_optimizer_and_scheduler
     try:
         c = read_config(config, overrides)
         init_optimizer_and_scheduler([torch.nn.Parameter(torch.zeros(1))], c.optim, c.optim_conf, c.scheduler,
-                                     c.scheduler_conf, 1 if plans_batches(c.dataset_conf) else None)
+                                     c.scheduler_conf, 1 if planned_batching(c.dataset_conf) else None)
     except ConfigError as e:
         sys.exit(f"--train_config/--overrides: {e}")
     max_epoch = c.train_conf.max_epoch
