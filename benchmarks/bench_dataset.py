@@ -30,7 +30,7 @@ import torch
 
 from toolkit.dataset import DatasetConf
 from toolkit.dataset.data_list import make_raw_list, reencode_audio, write_raw_list
-from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.dataset.shard import make_shards, write_shard_list
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import CharTokenizer, text_to_char_units, write_symbol_table

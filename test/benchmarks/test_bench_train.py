@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness import PARTS
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset
+from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import CharTokenizer
 from toolkit.text.units import collect_char_units

@@ -1,7 +1,7 @@
 """One rank of a mid-epoch resume on another world size: epoch 0 of the real pipeline (tiny_fsdd raw list, static
-batches of 4 sorted in chunks, 2 loader workers, volume perturbation, dither, SpecAugment) trained by the real
-Executor (TinyCTC, torch_ddp, flag join, step checkpoints); writes the keys of every batch it trained (with the join
-step) and dropped, and the epoch's reduced statistics.
+batches of 4 planned from sorted runs of 12, 2 loader workers, volume perturbation, dither, SpecAugment) trained by
+the real Executor (TinyCTC, torch_ddp, flag join, step checkpoints); writes the keys of every batch it trained (with
+the join step) and dropped, and the epoch's reduced statistics.
 
     worker_resume_keys.py OUT_DIR DATA_LIST UNITS [--save_interval_steps N] [--checkpoint step_N.pt]
 """
@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_ctc import prepared_ddp_engine  # noqa: E402
 
-from toolkit.dataset.pipeline import build_dataloader, build_dataset  # noqa: E402
+from toolkit.dataset import build_dataloader, build_dataset  # noqa: E402
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import FlagJoin  # noqa: E402
 from toolkit.engine.checkpointer import Checkpointer  # noqa: E402

@@ -46,7 +46,7 @@ import torch
 
 from toolkit.dataset import DatasetConf, build_dataloader, build_dataset
 from toolkit.dataset.conf import BatchConf, FilterConf, TokenizeConf
-from toolkit.dataset.pipeline import read_transcripts
+from toolkit.dataset.data_list import read_transcripts
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.gather import JobResults, RankResults, gather_results
 from toolkit.distributed.main_only import main_process_only

@@ -40,7 +40,7 @@ import sys
 import torch
 
 from toolkit.dataset import count_utterances, init_dataset_and_dataloader
-from toolkit.dataset.pipeline import plans_batches
+from toolkit.dataset.planning import planned_batching
 from toolkit.distributed.collectives import broadcast_object_from_main
 from toolkit.distributed.context import DistContext, destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
@@ -122,7 +122,7 @@ def check_only(args: argparse.Namespace) -> None:
             config = read_config(args.config, args.override_config)
             init_optimizer_and_scheduler([torch.nn.Parameter(torch.zeros(1))], config.optim, config.optim_conf,
                                          config.scheduler, config.scheduler_conf,
-                                         1 if plans_batches(config.dataset_conf) else None)
+                                         1 if planned_batching(config.dataset_conf) else None)
         except ConfigError as e:
             sys.exit(f"--config/--override_config: {e}")
         max_epoch = config.train_conf.max_epoch
@@ -192,7 +192,7 @@ def main(argv=None) -> None:
     # 7. the executor (join, checkpoints with its saver hooks); resume, or save the initial model
     join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s,
                      is_empty=lambda batch: len(batch["keys"]) == 0)
-    signature = data_signature(None if train_set.resumes_on_any_world_size else ctx.world_size, args.train_data,
+    signature = data_signature(None if train_set.planned_batching else ctx.world_size, args.train_data,
                                config.to_dict()["dataset_conf"], train_conf.accum_grad)
     executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
                         config.dataset_conf.fbank_conf.frame_shift_s, signature,

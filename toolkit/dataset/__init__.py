@@ -1,9 +1,12 @@
-"""The data pipeline: data.list -> audio -> fbank -> padded batches (see :mod:`toolkit.dataset.pipeline`)."""
+"""The data pipeline: data.list -> audio -> fbank -> padded batches (see :mod:`toolkit.dataset.pipeline`), and the
+DataLoader around it (:mod:`toolkit.dataset.loader`)."""
 
 from __future__ import annotations
 
 from toolkit.dataset.conf import DatasetConf, fill_dataset_defaults, resolve_dataset_conf
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, count_utterances
+from toolkit.dataset.data_list import count_utterances
+from toolkit.dataset.loader import build_dataloader
+from toolkit.dataset.pipeline import build_dataset
 
 __all__ = ["DatasetConf", "build_dataloader", "build_dataset", "count_utterances", "fill_dataset_defaults",
            "init_dataset_and_dataloader", "resolve_dataset_conf"]

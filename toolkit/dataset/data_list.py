@@ -1,7 +1,13 @@
-"""Raw data.lists: one JSON line ``{"key", "wav", "txt"[, "start", "end"]}`` per utterance (``start``/``end`` in
+"""data.list files, outside the pipeline that streams them (:mod:`toolkit.dataset.pipeline`).
+
+Raw data.lists: one JSON line ``{"key", "wav", "txt"[, "start", "end"]}`` per utterance (``start``/``end`` in
 seconds for a segment of a longer file), made from a Kaldi data dir (``wav.scp`` + ``text``) and read back checked,
 optionally with the audio re-encoded once into files that are cheaper to decode every epoch. The pipeline parses the
-same lines (:func:`toolkit.dataset.processor.parse_raw`)."""
+same lines (:func:`toolkit.dataset.processor.parse_raw`).
+
+Either kind, raw or shard (one ``{"shard": path, "num_utts": N}`` line per tar shard, :mod:`toolkit.dataset.shard`):
+its lines (:func:`read_lines`), the shard lines' recorded counts (:func:`shard_counts`), its utterance count
+(:func:`count_utterances`) and its transcripts in order (:func:`read_transcripts`)."""
 
 from __future__ import annotations
 
@@ -11,7 +17,9 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Iterable, List, Optional, Tuple
 
 from toolkit.dataset.processor import SkipSample, parse_raw
-from toolkit.dataset.shard import clear_stale_outputs, encode_audio
+from toolkit.dataset.shard import (clear_stale_outputs, count_shard_utterances, encode_audio, parse_shard_line,
+                                   read_shard_transcripts)
+from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.kaldi_files import read_table
 
 
@@ -129,3 +137,69 @@ def reencode_audio(entries: List[dict], audio_dir: str, audio_format: str,
         else:
             skipped.append((entry["key"], reason))
     return new_entries, reused, skipped
+
+
+def read_lines(data_list_file: str) -> List[str]:
+    """The non-blank lines of a data.list, stripped.
+
+    Raises:
+        OSError: ``data_list_file`` cannot be read.
+    """
+    with open(data_list_file, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def shard_counts(data_list_file: str, lines: List[str]) -> List[Optional[int]]:
+    """Each shard line's recorded utterance count (None for a bare path).
+
+    Raises:
+        ConfigError: a malformed line (names the file and line).
+    """
+    counts = []
+    for line_no, line in enumerate(lines, 1):
+        try:
+            counts.append(parse_shard_line(line)[1])
+        except ValueError as err:
+            raise ConfigError(f"{data_list_file}:{line_no}: not a shard data.list line: {err}; write the list with "
+                              f"tools/make_shard_list.py") from err
+    return counts
+
+
+def count_utterances(data_list_file: str, data_type: str) -> int:
+    """Utterances listed by a data.list, before filtering: its lines for ``raw``; for ``shard`` the counts its
+    lines record, or for a bare-path line the transcripts in that shard (header scan, see
+    :func:`toolkit.dataset.shard.count_shard_utterances`).
+
+    Raises:
+        OSError: ``data_list_file`` cannot be read. ConfigError: a malformed shard line.
+    """
+    lines = read_lines(data_list_file)
+    if data_type == "raw":
+        return len(lines)
+    counts = shard_counts(data_list_file, lines)
+    return sum(count_shard_utterances(parse_shard_line(line)[0]) if n is None else n
+               for line, n in zip(lines, counts))
+
+
+def read_transcripts(data_list_file: str, data_type: str) -> List[Tuple[str, str]]:
+    """``(key, transcript)`` of every utterance a data.list names, in input order (raw: line order; shard: shard
+    order, then member order), repeats included: the references of a test set and the order its results are
+    written in. A raw line that is not a valid JSON utterance, and the utterances of a missing or damaged shard
+    past the damage, are left out (the pipeline skips them too, counted as ``bad_line``, ``missing_shard`` or
+    ``corrupt_shard``).
+
+    Raises:
+        OSError: ``data_list_file`` cannot be read. ConfigError: a malformed shard line.
+    """
+    lines = read_lines(data_list_file)
+    if data_type == "shard":
+        shard_counts(data_list_file, lines)  # checks every line
+        return [pair for line in lines for pair in read_shard_transcripts(parse_shard_line(line)[0])]
+    pairs = []
+    for line in lines:
+        try:
+            sample = parse_raw({"line": line})
+        except SkipSample:
+            continue
+        pairs.append((sample["key"], sample["txt"]))
+    return pairs

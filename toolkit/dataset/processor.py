@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # NOTE: the resampling and feature libraries are imported where first used, not above: scipy.signal and lhotse were
 # 3.8 s of the trainer's 8.5 s of imports on a slow 2-core machine, paid by every rank's main process, every
 # decoding rank and run.sh's config check, none of which computes a feature. The loader's forkserver imports them
-# once, before it forks a worker (:func:`toolkit.dataset.pipeline.worker_context`).
+# once, before it forks a worker (:func:`toolkit.dataset.loader.worker_context`).
 WORKER_IMPORTS = ("lhotse.features.kaldi.extractors", "scipy.signal")
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def parse_raw(sample: dict) -> dict:
 def audio_seconds(line: str) -> float:
     """Duration in seconds of a raw data.list line's audio, from the file's header (no decoding), or its segment's
     ``end - start``; 0.0 for a line or file the pipeline will skip when it reads it (it counts the reason then).
-    What the epoch's batches are planned from (:func:`toolkit.dataset.pipeline.plan_batches`)."""
+    What the epoch's batches are planned from (:func:`toolkit.dataset.planning.plan_batches`)."""
     try:
         sample = parse_raw({"line": line})
         if "end" in sample:

@@ -224,7 +224,7 @@ class EpochPosition:
 def data_signature(world_size: int | None, train_data: str, dataset_conf: dict, accum_grad: int) -> str:
     """What a mid-epoch resume must find unchanged (JSON), its position counting batches of that setup:
     ``world_size`` is None where the epoch's batches do not depend on it
-    (:attr:`~toolkit.dataset.pipeline.AsrDataset.resumes_on_any_world_size`)."""
+    (:attr:`~toolkit.dataset.pipeline.AsrDataset.planned_batching`)."""
     return json.dumps({"world_size": world_size, "train_data": train_data, "dataset_conf": dataset_conf,
                        "accum_grad": accum_grad}, sort_keys=True)
 

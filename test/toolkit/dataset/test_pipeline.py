@@ -1,14 +1,7 @@
-import ctypes
 import itertools
 import json
 import logging
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,9 +13,8 @@ import yaml
 
 from toolkit.dataset import processor, resolve_dataset_conf
 from toolkit.dataset.conf import FbankConf
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, deal_chunks, plan_batches, read_transcripts
-from toolkit.dataset.shard import write_shard
-from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
+from toolkit.dataset.loader import build_dataloader
+from toolkit.dataset.pipeline import build_dataset
 from toolkit.utils.config_parsing import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,13 +33,6 @@ def kaldi_entries(corpus, split):
 def write_list(path, entries):
     path.write_text("".join(json.dumps(e) + "\n" for e in entries))
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("dict") / "units.txt"
-    write_symbol_table(sorted(set("ABCDEFGHIJKLMNOPRSTUVWXY'") | {"▁"}), str(path))  # no Q, no Z
-    return CharTokenizer(str(path))
 
 
 def batches_of(data_list, tokenizer, conf: dict, **kwargs) -> list:
@@ -229,7 +214,7 @@ def test_lines_per_rank_and_uneven_partition_log(tmp_path, tokenizer, caplog):
     def lines_per_rank(conf, world_size, mode="train"):
         return build_dataset(data_list, tokenizer, conf, mode=mode, world_size=world_size).lines_per_rank()
 
-    # Training: chunks of one batch (2 lines; the last 1), each to the rank with fewer lines; per worker otherwise.
+    # Training: planned batches (2 lines; the last 1), each to the rank with fewer lines; shares per worker otherwise.
     assert lines_per_rank({"batch_conf": {"batch_size": 2}}, 2) == [5, 4]
     assert lines_per_rank({"batch_conf": {"batch_size": 2}}, 3) == [4, 3, 2]
     assert lines_per_rank({"dataloader_conf": {"num_workers": 2}}, 2, mode="cv") == [5, 4]
@@ -293,29 +278,15 @@ def test_non_finite_audio_and_features_are_skipped_named_and_counted(tmp_path, t
     assert batch["keys"] == [] and batch["num_skipped"] == {"non_finite_audio": 1}
 
 
-def test_read_transcripts_in_input_order_raw_and_shard(tmp_path):
-    entries = kaldi_entries(FSDD, "test")[:5]
-    raw = tmp_path / "raw.list"
-    raw.write_text(json.dumps(entries[3]) + "\nnot json\n" + "".join(json.dumps(e) + "\n" for e in entries[:3])
-                   + json.dumps(entries[3]) + "\n")
-    pairs = [(e["key"], e["txt"]) for e in entries]
-    assert read_transcripts(str(raw), "raw") == [pairs[3], *pairs[:3], pairs[3]]  # repeats kept, bad line left out
-    shards = [str(tmp_path / name) for name in ("b.tar", "missing.tar", "empty.tar", "a.tar")]
-    write_shard(entries[3:], shards[0])
-    write_shard([], shards[2])
-    write_shard(entries[:3], shards[3])
-    (tmp_path / "shards.list").write_text("".join(p + "\n" for p in shards))
-    assert read_transcripts(str(tmp_path / "shards.list"), "shard") == pairs[3:] + pairs[:3]
+# The training epoch with planned batching (raw lines, static or bucket batching): planned batches that depend on
+# the data alone, the same batches (keys, features, skip counts) on any number of ranks and loader workers, and a
+# resumed epoch that leaves out exactly the batches its checkpoint accounted for, without reading the planned batches
+# it finished.
 
-
-# The training epoch over raw lines with static or bucket batching: chunks that depend on the data alone, the same
-# batches (keys, features, skip counts) on any number of ranks and loader workers, and a resumed epoch that leaves
-# out exactly the batches its checkpoint accounted for, without reading the chunks it finished.
-
-# 80 lines: chunks of 8 lines (2 batches of 4) shrinking to one batch; volume perturbation, dither and SpecAugment
-# draw from each chunk's own generator.
-CHUNK_CONF = {"batch_conf": {"batch_size": 4}, "sort_conf": {"sort_size": 12}, "shuffle_conf": {"shuffle_size": 8},
-        "volume_perturb": True}
+# 80 lines in planned batches of 4 (sort runs of 12); volume perturbation, dither and SpecAugment draw from each
+# planned batch's own generator.
+PLANNED_CONF = {"batch_conf": {"batch_size": 4}, "sort_conf": {"sort_size": 12}, "shuffle_conf": {"shuffle_size": 8},
+                "volume_perturb": True}
 
 
 @pytest.fixture(scope="module")
@@ -331,7 +302,7 @@ def entry_key(data_list, line_index):
 
 def epoch_batches(data_list, tokenizer, world_size, num_workers, consumed=None, epoch=1, batch_conf=None):
     """Every rank's batches of ``epoch`` (rank by rank, in loader order) and the skip counts they carry."""
-    conf = {**CHUNK_CONF, "dataloader_conf": {"num_workers": num_workers, "prefetch_factor": 2}}
+    conf = {**PLANNED_CONF, "dataloader_conf": {"num_workers": num_workers, "prefetch_factor": 2}}
     conf["batch_conf"] = batch_conf or conf["batch_conf"]
     per_rank, skipped = [], Counter()
     for rank in range(world_size):
@@ -343,58 +314,19 @@ def epoch_batches(data_list, tokenizer, world_size, num_workers, consumed=None, 
     return per_rank, skipped
 
 
-def test_planned_batches_are_sorted_runs_and_the_dealing_evens_out_the_ranks():
-    conf = resolve_dataset_conf({"batch_conf": {"batch_size": 8}, "sort_conf": {"sort_size": 20}})
-    frames = [(i * 37) % 101 for i in range(50)]
-    order = list(range(50))[::-1]
-    batches = plan_batches(order, frames, conf)
-    # runs of 20, 20 and 10 lines, each sorted by length and cut into batches of 8: 8 8 4 | 8 8 4 | 8 2
-    assert [len(b) for b in batches] == [8, 8, 4, 8, 8, 4, 8, 2]
-    runs = [order[:20], order[20:40], order[40:]]
-    assert [i for b in batches[:3] for i in b] == sorted(runs[0], key=lambda i: frames[i])
-    assert sorted(i for b in batches for i in b) == list(range(50))
-    # the recipe's training set: 6,016 lines in batches of 8, sort runs of 500: the ranks end one batch apart, and
-    # at most two batches' lines apart (the short batches of 4 fall unevenly)
-    sizes = [len(b) for b in plan_batches(list(range(6016)), [100] * 6016, resolve_dataset_conf(
-        {"batch_conf": {"batch_size": 8}, "sort_conf": {"sort_size": 500}}))]
-    assert sum(sizes) == 6016 and sizes.count(4) == 12 and set(sizes) == {8, 4}
-    for world_size in range(1, 17):
-        loads, counts = Counter(), Counter()
-        for size, rank in zip(sizes, deal_chunks(sizes, world_size)):
-            loads[rank] += size
-            counts[rank] += 1
-        assert len(loads) == world_size and max(counts.values()) - min(counts.values()) <= 1
-        assert max(loads.values()) - min(loads.values()) <= 16
-    assert deal_chunks([8, 8, 8, 8, 2], 2) == [0, 1, 0, 1, 0] and deal_chunks([496, 8, 8], 2) == [0, 1, 1]
-    # Bucket batching mixes batch sizes: dealt by batches first, the ranks still end one batch apart (dealt by lines,
-    # rank 0 would hold the 32-line batch alone while rank 1 got four, and the join would drop three of them).
-    assert deal_chunks([32, 8, 8, 8, 8], 2) == [0, 1, 1, 0, 1]
-    mixed = [32, 8, 8, 8, 32, 8, 32, 32, 8, 8, 5] * 30
-    for world_size in range(1, 17):
-        counts = Counter(deal_chunks(mixed, world_size))
-        assert len(counts) == world_size and max(counts.values()) - min(counts.values()) <= 1
-    # Static batches without sorting: the order cut as it is. Buckets: by length, shortest partial bucket first.
-    unsorted = resolve_dataset_conf({"sort": False, "batch_conf": {"batch_size": 8}})
-    assert plan_batches(list(range(20)), frames, unsorted) == [list(range(8)), list(range(8, 16)), [16, 17, 18, 19]]
-    bucket = resolve_dataset_conf({"batch_conf": {"batch_type": "bucket", "bucket_boundaries": [50],
-                                                  "bucket_batch_sizes": [4, 2]}})
-    planned = plan_batches(list(range(10)), frames, bucket)
-    assert all(len({frames[i] > 50 for i in b}) == 1 for b in planned) and sorted(sum(planned, [])) == list(range(10))
-
-
 def test_batches_per_epoch_is_what_the_rank_with_the_most_reads(data_list, tokenizer):
     # what a schedule that ends with the run (warmupcosinelr) counts its steps from, before any audio is read
     for world_size in (1, 2, 3):
         per_rank, _ = epoch_batches(data_list, tokenizer, world_size, 1, epoch=0)
-        dataset = build_dataset(data_list, tokenizer, CHUNK_CONF, rank=0, world_size=world_size)
+        dataset = build_dataset(data_list, tokenizer, PLANNED_CONF, rank=0, world_size=world_size)
         assert dataset.batches_per_epoch() == max(len(batches) for batches in per_rank) > 0
-    assert build_dataset(data_list, tokenizer, CHUNK_CONF, world_size=2).batches_per_epoch() == 10  # 80 lines / 4 / 2
+    assert build_dataset(data_list, tokenizer, PLANNED_CONF, world_size=2).batches_per_epoch() == 10  # 80 lines / 4 / 2
     dynamic = {"batch_conf": {"batch_type": "dynamic", "max_frames_in_batch": 1000}}
     assert build_dataset(data_list, tokenizer, dynamic).batches_per_epoch() is None
-    assert build_dataset(data_list, tokenizer, CHUNK_CONF, mode="cv").batches_per_epoch() is None
+    assert build_dataset(data_list, tokenizer, PLANNED_CONF, mode="cv").batches_per_epoch() is None
 
 
-@pytest.mark.parametrize("batch_conf", [CHUNK_CONF["batch_conf"], {"batch_type": "bucket", "bucket_boundaries": [60],
+@pytest.mark.parametrize("batch_conf", [PLANNED_CONF["batch_conf"], {"batch_type": "bucket", "bucket_boundaries": [60],
                                                                     "bucket_batch_sizes": [4, 2]}])
 def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(data_list, tokenizer, batch_conf):
     (alone,), skipped = epoch_batches(data_list, tokenizer, 1, 0, batch_conf=batch_conf)
@@ -438,16 +370,16 @@ def test_short_utterances_are_padded_alike_in_every_mode_and_on_any_world_size(d
     assert min(trained.frames) == 60 and max(trained.frames) == int(max(seconds.values()) * 100)
 
 
-def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_chunk(data_list, tokenizer,
-                                                                                   monkeypatch):
+def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_planned_batch(data_list, tokenizer,
+                                                                                           monkeypatch):
     (first, second), _ = epoch_batches(data_list, tokenizer, 2, 2)
-    # The checkpoint: each of the 2 ranks (2 loader workers each) trained its first 3 batches (each chunk is one
-    # planned batch, so these are 6 finished chunks).
+    # The checkpoint: each of the 2 ranks (2 loader workers each) trained its first 3 batches (each part of the epoch
+    # is one planned batch, so these are 6 finished parts).
     consumed = {}
     for batch in first[:3] + second[:3]:
-        chunk, index, last = batch["position"]
-        consumed[chunk] = (index + 1, last)
-    finished = [chunk for chunk, (_, done) in consumed.items() if done]
+        part, index, last = batch["position"]
+        consumed[part] = (index + 1, last)
+    finished = [part for part, (_, done) in consumed.items() if done]
     assert len(finished) == len(consumed) == 6
     # On 2 ranks again: each rank goes on with exactly the batches it would have trained next, in the order its
     # loader's round robin over the workers gave them.
@@ -455,9 +387,9 @@ def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_chun
     for rest, full in ((first_rest, first), (second_rest, second)):
         assert [b["position"] for b in rest] == [b["position"] for b in full[3:]]
         assert all(torch.equal(a["feats"], b["feats"]) for a, b in zip(rest, full[3:]))
-    # On 3 ranks: every utterance the checkpoint did not account for, once; the finished chunks are not read.
-    chunks = build_dataset(data_list, tokenizer, CHUNK_CONF).chunks(1, 1)
-    unread = {entry_key(data_list, i) for chunk in finished for i in chunks[chunk][0]}
+    # On 3 ranks: every utterance the checkpoint did not account for, once; the finished planned batches are not read.
+    parts = build_dataset(data_list, tokenizer, PLANNED_CONF).parts(1, 1)
+    unread = {entry_key(data_list, i) for part in finished for i in parts[part][0]}
     reads = []
     read_audio = processor.read_audio
     monkeypatch.setattr(processor, "read_audio", lambda sample: reads.append(sample["key"]) or read_audio(sample))
@@ -466,98 +398,3 @@ def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_chun
     after = [key for batch in itertools.chain(*per_rank) for key in batch["keys"]]
     assert sorted(before + after) == sorted(key for batch in first + second for key in batch["keys"])
     assert len(reads) == 80 - len(unread) and not unread & set(reads)
-
-
-
-def _parent_pid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def test_loader_workers_are_not_forked_from_a_process_whose_native_threads_enter_python(tmp_path, tokenizer):
-    # The case: a native thread entering Python (as gloo's threads do in a trainer) holds CPython's thread-state
-    # lock for an instant each time; a child forked at that instant hangs inside os.fork() for good (CPython
-    # gh-112275, Python 3.8-3.11; a plain os.fork() beside this very thread hung 3 times in 2,000 here, and a
-    # resumed 2-rank job's cross-validation loader hung so in CI). The workers come from the forkserver instead:
-    # none is this process's child, and every pass ends (SIGALRM fails the test in place of a hang).
-    libc = ctypes.CDLL(None)
-    entry = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(lambda arg: None)
-    stop = threading.Event()
-
-    def native_threads_entering_python():
-        tid = ctypes.c_ulong()
-        while not stop.is_set():
-            libc.pthread_create(ctypes.byref(tid), None, entry, None)
-            libc.pthread_join(tid, None)
-
-    def hung(signum, frame):
-        raise TimeoutError("a DataLoader pass did not end within 120 s")
-
-    entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]][:2]
-    dataset = build_dataset(write_list(tmp_path / "data.list", entries), tokenizer,
-                            {"sort": False, "dataloader_conf": {"num_workers": 1}}, mode="cv")
-    loader = build_dataloader(dataset)
-    hammer = threading.Thread(target=native_threads_entering_python, daemon=True)
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(120)
-    hammer.start()
-    try:
-        for _ in range(20):
-            it = iter(loader)
-            first = next(it)
-            assert {_parent_pid(worker.pid) for worker in it._workers}.isdisjoint({os.getpid()})
-            keys = first["keys"] + [key for batch in it for key in batch["keys"]]
-            assert keys == [e["key"] for e in entries]
-    finally:
-        stop.set()
-        hammer.join(timeout=10)
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-LOADER_THEN_SLEEP = """
-import sys, time
-from toolkit.dataset.pipeline import build_dataloader, build_dataset
-from toolkit.text.tokenizer import CharTokenizer
-if __name__ == "__main__":
-    # batches of 1 and 2 in flight per worker: neither worker can run out (and exit) before the kill
-    conf = {"batch_conf": {"batch_size": 1}, "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
-    dataset = build_dataset(sys.argv[1], CharTokenizer(sys.argv[2]), conf, mode="cv")
-    it = iter(build_dataloader(dataset))
-    next(it)
-    print(*[worker.pid for worker in it._workers], flush=True)
-    time.sleep(600)
-"""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, tokenizer):
-    # The case: a rank killed with SIGKILL mid-epoch. torch's watchdog in a worker watches its parent pid, which
-    # for a forkserver child is the server; without end_with_the_loader the workers (and the server) lived on.
-    entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]][:12]
-    data_list = write_list(tmp_path / "data.list", entries)
-    script = tmp_path / "loader_then_sleep.py"
-    script.write_text(LOADER_THEN_SLEEP)
-    stderr = tmp_path / "stderr.txt"  # also its resource tracker's (it reports the semaphores the kill leaked)
-    with open(stderr, "w") as err:
-        proc = subprocess.Popen([sys.executable, str(script), data_list, tokenizer.symbol_table_path],
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-    try:
-        workers = [int(pid) for pid in proc.stdout.readline().split()]
-        assert len(workers) == 2 and all(map(_alive, workers)), stderr.read_text()[-3000:]
-        assert all(_parent_pid(pid) != proc.pid for pid in workers)  # children of the forkserver
-        proc.kill()
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while any(map(_alive, workers)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(map(_alive, workers)), "a worker outlived the process that iterated its loader"
-    finally:
-        proc.kill()

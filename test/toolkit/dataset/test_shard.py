@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 
 from toolkit.dataset import processor
-from toolkit.dataset.pipeline import build_dataloader, build_dataset, count_utterances
+from toolkit.dataset import build_dataloader, build_dataset, count_utterances
 from toolkit.dataset.shard import read_shards, write_shard
 from toolkit.utils.config_parsing import ConfigError
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table

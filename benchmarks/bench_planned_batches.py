@@ -5,13 +5,13 @@ the ranks' spread.
 Reads every training utterance's length from its audio header (no decoding; frames of 10 ms at 16 kHz), then
 builds one epoch's batches from the lengths alone twice: as each (rank, worker) stream of 2 did before the plan
 (positions ``i % 2``, the pipeline's shuffle and rolling sort buffer, then its batching), and as
-``toolkit.dataset.pipeline.plan_batches`` plans them. Prints the frames the model sees (real plus padding) per
-real frame for both, and, for each world size, how many lines apart the ranks end the epoch under ``deal_chunks``
+``toolkit.dataset.planning.plan_batches`` plans them. Prints the frames the model sees (real plus padding) per
+real frame for both, and, for each world size, how many lines apart the ranks end the epoch under ``deal_batches``
 (what the join drops, at most). ``--num_utts`` draws that many lengths (with replacement) to see another size.
 
 Usage:
-    python benchmarks/bench_chunks.py --corpus_dir corpora --config examples/english/s0/conf/train_conformer.yaml
-    python benchmarks/bench_chunks.py --corpus_dir corpora --config examples/english/s0/conf/train_conformer.yaml \\
+    python benchmarks/bench_planned_batches.py --corpus_dir corpora --config examples/english/s0/conf/train_conformer.yaml
+    python benchmarks/bench_planned_batches.py --corpus_dir corpora --config examples/english/s0/conf/train_conformer.yaml \\
         --num_utts 100000
 """
 import argparse
@@ -23,7 +23,7 @@ import soundfile as sf
 import torch
 
 from toolkit.dataset import processor
-from toolkit.dataset.pipeline import deal_chunks, plan_batches
+from toolkit.dataset.planning import deal_batches, plan_batches
 from toolkit.train_config import read_config
 
 CORPORA = ["speechocean762", "kathleen", "ljspeech", "fsdd"]
@@ -87,7 +87,7 @@ def main() -> None:
     spread = []
     for world_size in range(1, args.max_world_size + 1):
         loads = [0] * world_size
-        for size, rank in zip(sizes, deal_chunks(sizes, world_size)):
+        for size, rank in zip(sizes, deal_batches(sizes, world_size)):
             loads[rank] += size
         spread.append(f"{world_size}: {max(loads) - min(loads)}")
     print("lines between the ranks' shares, by world size: " + ", ".join(spread))

@@ -1,0 +1,116 @@
+"""The DataLoader's workers (toolkit/dataset/loader.py): started from a forkserver, ended with their loader's
+process."""
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from toolkit.dataset import build_dataloader, build_dataset
+from toolkit.dataset.data_list import make_raw_list, write_raw_list
+
+FSDD = Path(__file__).resolve().parents[3] / "corpora/tiny_fsdd"
+
+
+def fsdd_list(folder: Path, num_lines: int):
+    """A raw list of tiny_fsdd's first ``num_lines`` training utterances without a Z (the tokenizer has none) in
+    ``folder``: its path and keys."""
+    split = FSDD / "data" / "train"
+    entries = [e for e in make_raw_list(str(split / "wav.scp"), str(split / "text"), str(FSDD))[0]
+               if "Z" not in e["txt"]][:num_lines]
+    write_raw_list(entries, str(folder / "data.list"))
+    return str(folder / "data.list"), [e["key"] for e in entries]
+
+
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_loader_workers_are_not_forked_from_a_process_whose_native_threads_enter_python(tmp_path, tokenizer):
+    # The case: a native thread entering Python (as gloo's threads do in a trainer) holds CPython's thread-state
+    # lock for an instant each time; a child forked at that instant hangs inside os.fork() for good (CPython
+    # gh-112275, Python 3.8-3.11; a plain os.fork() beside this very thread hung 3 times in 2,000 here, and a
+    # resumed 2-rank job's cross-validation loader hung so in CI). The workers come from the forkserver instead:
+    # none is this process's child, and every pass ends (SIGALRM fails the test in place of a hang).
+    libc = ctypes.CDLL(None)
+    entry = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(lambda arg: None)
+    stop = threading.Event()
+
+    def native_threads_entering_python():
+        tid = ctypes.c_ulong()
+        while not stop.is_set():
+            libc.pthread_create(ctypes.byref(tid), None, entry, None)
+            libc.pthread_join(tid, None)
+
+    def hung(signum, frame):
+        raise TimeoutError("a DataLoader pass did not end within 120 s")
+
+    data_list, keys = fsdd_list(tmp_path, 2)
+    dataset = build_dataset(data_list, tokenizer, {"sort": False, "dataloader_conf": {"num_workers": 1}}, mode="cv")
+    loader = build_dataloader(dataset)
+    hammer = threading.Thread(target=native_threads_entering_python, daemon=True)
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    hammer.start()
+    try:
+        for _ in range(20):
+            it = iter(loader)
+            first = next(it)
+            assert {_parent_pid(worker.pid) for worker in it._workers}.isdisjoint({os.getpid()})
+            assert first["keys"] + [key for batch in it for key in batch["keys"]] == keys
+    finally:
+        stop.set()
+        hammer.join(timeout=10)
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+LOADER_THEN_SLEEP = """
+import sys, time
+from toolkit.dataset import build_dataloader, build_dataset
+from toolkit.text.tokenizer import CharTokenizer
+if __name__ == "__main__":
+    # batches of 1 and 2 in flight per worker: neither worker can run out (and exit) before the kill
+    conf = {"batch_conf": {"batch_size": 1}, "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
+    dataset = build_dataset(sys.argv[1], CharTokenizer(sys.argv[2]), conf, mode="cv")
+    it = iter(build_dataloader(dataset))
+    next(it)
+    print(*[worker.pid for worker in it._workers], flush=True)
+    time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, tokenizer):
+    # The case: a rank killed with SIGKILL mid-epoch. torch's watchdog in a worker watches its parent pid, which
+    # for a forkserver child is the server; without end_with_the_loader the workers (and the server) lived on.
+    data_list, _ = fsdd_list(tmp_path, 12)
+    script = tmp_path / "loader_then_sleep.py"
+    script.write_text(LOADER_THEN_SLEEP)
+    stderr = tmp_path / "stderr.txt"  # also its resource tracker's (it reports the semaphores the kill leaked)
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen([sys.executable, str(script), data_list, tokenizer.symbol_table_path],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        workers = [int(pid) for pid in proc.stdout.readline().split()]
+        assert len(workers) == 2 and all(map(_alive, workers)), stderr.read_text()[-3000:]
+        assert all(_parent_pid(pid) != proc.pid for pid in workers)  # children of the forkserver
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(_alive, workers)), "a worker outlived the process that iterated its loader"
+    finally:
+        proc.kill()

@@ -1,0 +1,80 @@
+"""The DataLoader around an :class:`~toolkit.dataset.pipeline.AsrDataset` and its workers' lifecycle: they start from
+a forkserver (never forked from the calling process) and end when the process iterating the loader does."""
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
+import os
+import sys
+import threading
+
+import torch
+from torch.utils.data import DataLoader
+
+from toolkit.dataset import processor
+from toolkit.dataset.conf import DatasetConf, resolve_dataset_conf
+from toolkit.dataset.pipeline import AsrDataset
+
+
+def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None) -> DataLoader:
+    """Wrap ``dataset`` in a DataLoader (``batch_size=None``: the dataset already yields batches).
+
+    ``dataloader_conf`` of ``conf`` (default: the dataset's own ``dataset_conf``) sets num_workers,
+    prefetch_factor, pin_memory and persistent_workers; the worker-only options are dropped when num_workers is 0.
+
+    The loader gets its own ``torch.Generator`` seeded with ``dataset.seed`` (reseed it per epoch through
+    ``loader.generator``). NOTE: without one, every ``iter(loader)`` draws the workers' base seed from the global
+    torch RNG, so where dropout's random stream stands would depend on how many loaders were iterated (an exact
+    resume would diverge).
+
+    Workers start from a forkserver (:func:`worker_context`), never by forking the calling process, and end when
+    that process does (:func:`end_with_the_loader`).
+    """
+    conf = dataset.conf.dataloader_conf if conf is None else resolve_dataset_conf(conf).dataloader_conf
+    kwargs = {"batch_size": None, "num_workers": conf.num_workers, "pin_memory": conf.pin_memory,
+              "generator": torch.Generator().manual_seed(dataset.seed)}
+    if conf.num_workers > 0:
+        kwargs.update(prefetch_factor=conf.prefetch_factor, persistent_workers=conf.persistent_workers,
+                      multiprocessing_context=worker_context(), worker_init_fn=end_with_the_loader)
+    return DataLoader(dataset, **kwargs)
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context DataLoader workers start in: a forkserver, with the toolkit's modules imported so
+    far (and so torch) and the feature libraries (``processor.WORKER_IMPORTS``) imported once in the server, so a
+    worker starts in milliseconds and receives the dataset pickled. A worker runs the main module's top level
+    again, as with ``spawn``: a script that builds loaders does so under ``if __name__ == "__main__"``.
+
+    NOTE: not ``fork``. A training process holds threads (gloo's, tensorboard's writer) and a fork while one of
+    them held CPython's thread-state lock leaves the child hung inside ``os.fork()`` for good (CPython gh-112275,
+    Python 3.8 to 3.11; seen here as a 2-rank DeepSpeed job that never finished cross-validation after a restart:
+    rank 0's loader worker stuck in ``PyOS_AfterFork_Child``, rank 1 waiting in the all-reduce). The server is a
+    fresh single-threaded process, so forking it is safe.
+    """
+    main_name = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
+    context = multiprocessing.get_context("forkserver")
+    # NOTE: not the main module itself: a worker runs it again by name, and runpy warns about one already imported
+    context.set_forkserver_preload(sorted(name for name in sys.modules
+                                          if name.split(".")[0] == "toolkit" and name != main_name)
+                                   + list(processor.WORKER_IMPORTS))
+    # started now, so that its imports overlap with what the caller does before it iterates a loader (the model)
+    multiprocessing.forkserver.ensure_running()
+    return context
+
+
+def end_with_the_loader(worker_id: int) -> None:
+    """``worker_init_fn``: a thread that ends this worker (exit status 1) once the process iterating the loader is
+    gone, e.g. a rank killed with SIGKILL.
+
+    NOTE: torch's own watchdog in the worker compares ``os.getppid()`` with its value at start, and a forkserver
+    child's parent is the server, which lives while any of its children do: without this thread a dead rank's
+    workers, the server and its resource tracker would live on, holding the job's stdout open (``run.sh`` then
+    never returned: seen in 3 of 14 stress runs of a killed-and-restarted 2-rank job). ``parent_process()`` is the
+    loader's process, whatever the start method.
+    """
+    sentinel = multiprocessing.parent_process().sentinel
+    threading.Thread(target=_exit_when_ready, args=(sentinel,), name="end_with_the_loader", daemon=True).start()
+
+
+def _exit_when_ready(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
