@@ -5,7 +5,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from test.helpers import REPO_ROOT
+
+pytestmark = pytest.mark.multiprocess  # each variant trains in a process of its own
 
 
 def test_each_variant_recomputes_more(tmp_path):

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from toolkit.config import read_config
 from toolkit.dataset.pipeline import build_dataloader, build_dataset
 from toolkit.models.registry import init_model
@@ -30,6 +32,7 @@ def test_conformer_6x256_has_wenets_parameter_count(tmp_path):
     assert sum(p.numel() for p in model.parameters()) == WENET_PARAMETERS
 
 
+@pytest.mark.multiprocess  # a training run in a process of its own
 def test_bench_train_counts_every_trained_frame(tmp_path):
     # tiny_fsdd, 64 utterances, batch 32: a whole epoch of 2 steps in 1 process.
     out = tmp_path / "result.json"

@@ -20,6 +20,7 @@ from test.helpers import REPO_ROOT, free_port
 
 from ..multiprocess.workers.recipe_data import assert_bit_identical
 
+pytestmark = pytest.mark.multiprocess  # two nodes' torchrun agents and their ranks (and the recipe tier: test/recipes/)
 RUN_SH = os.path.join(REPO_ROOT, "run.sh")
 LAUNCH = os.path.join(REPO_ROOT, "tools", "launch_nodes.sh")
 TIMEOUT_S = 300  # one job: well under a minute on 2 idle cores; a hang fails here, with the job's output

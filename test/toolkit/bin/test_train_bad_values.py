@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -61,6 +62,7 @@ def test_an_utterance_without_ctc_alignment_is_named_and_counted(tmp_path):
     assert 0 < info["train_loss"] < 1000 and 0 < info["cv_loss"] < 1000
 
 
+@pytest.mark.multiprocess  # 2 epochs, then a resume: two training processes (~90 s on a busy 2-core machine)
 def test_a_resume_leaves_one_tensorboard_value_per_step(tmp_path):
     # The tensorboard-resume case: 2 epochs (steps 1-10), then a resume from epoch_0.pt into the same directories.
     train_rows = kaldi_entries("tiny_fsdd", "train")

@@ -15,6 +15,9 @@ from toolkit.models.registry import init_model
 
 from test.helpers import REPO_ROOT
 
+# The slow tier: the fixture trains the model twice, and inductor compiles in worker processes (minutes on a
+# busy 2-core machine).
+pytestmark = pytest.mark.multiprocess
 CONF = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf",
                     "train_tiny.yaml")
 VOCAB = 20
