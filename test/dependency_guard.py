@@ -3,7 +3,7 @@
 
 A module that imports an undeclared distribution works on a developer's machine, where it happens to be installed,
 and fails on a new user's: with the guard installed it fails here too. Used by ``test_dependencies.py`` in fresh
-interpreters (``python -c "import dependency_guard; dependency_guard.install(); ..."``).
+interpreters (``python -c "from test import dependency_guard; dependency_guard.install(); ..."``).
 """
 
 import importlib.abc
@@ -12,7 +12,8 @@ import os
 import re
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .helpers import REPO_ROOT
+
 GUARD_MESSAGE = "no requirement brings it"
 
 
@@ -24,7 +25,7 @@ def _name_of(requirement: str) -> str:
     return _norm(re.split(r"[<>=!~;\[ (]", requirement.strip())[0])
 
 
-def declared(path: str = os.path.join(REPO, "requirements.txt")) -> set[str]:
+def declared(path: str = os.path.join(REPO_ROOT, "requirements.txt")) -> set[str]:
     """Distributions ``path`` brings: its requirements and, transitively, what each declares (extras excluded)."""
     with open(path, encoding="utf-8") as f:
         todo = [_name_of(line.split("#")[0]) for line in f if line.split("#")[0].strip()]

@@ -8,20 +8,21 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test.helpers import REPO_ROOT
 HARNESS = "harness"  # benchmarks/harness.py
 
 
 def test_the_import_contract_is_kept():
     lint = os.path.join(os.path.dirname(sys.executable), "lint-imports")
-    proc = subprocess.run([lint, "--config", os.path.join(REPO, ".importlinter")], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([lint, "--config", os.path.join(REPO_ROOT, ".importlinter")], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
     print(proc.stdout[-2000:])
     assert proc.returncode == 0 and "2 kept, 0 broken" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 def test_tools_import_only_the_package():
-    tools = sorted(glob.glob(os.path.join(REPO, "tools", "*.py")) + glob.glob(os.path.join(REPO, "benchmarks", "*.py")))
+    tools = sorted(glob.glob(os.path.join(REPO_ROOT, "tools", "*.py"))
+                   + glob.glob(os.path.join(REPO_ROOT, "benchmarks", "*.py")))
     names = {os.path.basename(t)[:-3] for t in tools}
     for path in tools:
         source = open(path, encoding="utf-8").read()

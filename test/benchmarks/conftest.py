@@ -5,8 +5,9 @@ import importlib.util
 import os
 import sys
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks",
-                     "harness.py")
+from test.helpers import REPO_ROOT
+
+_PATH = os.path.join(REPO_ROOT, "benchmarks", "harness.py")
 _spec = importlib.util.spec_from_file_location("harness", _PATH)
 sys.modules["harness"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sys.modules["harness"])

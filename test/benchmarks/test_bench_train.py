@@ -4,7 +4,8 @@ the side-by-side config has WeNet's parameter count."""
 import json
 import subprocess
 import sys
-from pathlib import Path
+
+import pytest
 
 from harness import PARTS
 
@@ -14,7 +15,8 @@ from toolkit.text.tokenizer import CharTokenizer
 from toolkit.text.units import collect_char_units
 from toolkit.train_config import read_config
 
-ROOT = Path(__file__).resolve().parents[2]
+from test.helpers import REPO_ROOT
+
 CORPORA = ["speechocean762", "kathleen", "ljspeech", "fsdd"]
 # WeNet's count for ../shared/bench/wenet_conformer_6x256.yaml with the char table of the four training sets
 # (../shared/docs/machine-facts.md).
@@ -23,30 +25,31 @@ WENET_PARAMETERS = 14_532_670
 
 def test_conformer_6x256_has_wenets_parameter_count(tmp_path):
     text = tmp_path / "text"
-    text.write_text("".join((ROOT / "corpora" / c / "data" / "train" / "text").read_text(encoding="utf-8")
+    text.write_text("".join((REPO_ROOT / "corpora" / c / "data" / "train" / "text").read_text(encoding="utf-8")
                             for c in CORPORA), encoding="utf-8")
     vocab_size = len(collect_char_units(str(text))) + 3  # <blank>, <unk>, <sos/eos>
-    config = read_config(str(ROOT / "benchmarks" / "conf" / "conformer_6x256.yaml"), ["cmvn null"])
+    config = read_config(str(REPO_ROOT / "benchmarks" / "conf" / "conformer_6x256.yaml"), ["cmvn null"])
     model = init_model(config, vocab_size=vocab_size)
     assert sum(p.numel() for p in model.parameters()) == WENET_PARAMETERS
 
 
+@pytest.mark.multiprocess  # a training run in a process of its own
 def test_bench_train_counts_every_trained_frame(tmp_path):
     # tiny_fsdd, 64 utterances, batch 32: a whole epoch of 2 steps in 1 process.
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_train.py"),
-                           "--config", str(ROOT / "examples/english/s0/conf/train_tiny.yaml"),
-                           "--corpus_dir", str(ROOT / "corpora"), "--corpora", "tiny_fsdd", "--num_utts", "64",
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_train.py"),
+                           "--config", str(REPO_ROOT / "examples/english/s0/conf/train_tiny.yaml"),
+                           "--corpus_dir", str(REPO_ROOT / "corpora"), "--corpora", "tiny_fsdd", "--num_utts", "64",
                            "--cv_utts", "4", "--steps", "0", "--warmup", "1", "--nproc", "1",
                            "--work_dir", str(tmp_path / "work"), "--json", str(out)],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+                          capture_output=True, text=True, timeout=180, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "input frames/s" in proc.stdout
     run = next(iter(json.loads(out.read_text())["runs"].values()))
     steps = run["ranks"][0]["steps"]
     # What the pipeline makes of the same list without augmentation (none of it changes lengths here).
     data = tmp_path / "work" / "data"
-    conf = read_config(str(ROOT / "examples/english/s0/conf/train_tiny.yaml"),
+    conf = read_config(str(REPO_ROOT / "examples/english/s0/conf/train_tiny.yaml"),
                        ["dataset_conf.dataloader_conf.num_workers 0"]).dataset_conf
     batches = list(build_dataloader(build_dataset(str(data / "train.list"), CharTokenizer(str(data / "units.txt")),
                                                   conf, mode="cv")))

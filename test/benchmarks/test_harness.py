@@ -13,7 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from toolkit.models.registry import init_model
 from toolkit.train_config import Config
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test.helpers import REPO_ROOT
+
 
 
 def _step(wall, frames, **parts):
@@ -88,7 +89,7 @@ def test_a_benchmark_subprocess_imports_the_given_checkout_even_beside_a_recipe_
     (other / "__init__.py").write_text("")
     recipe = tmp_path / "recipe"
     recipe.mkdir()
-    os.symlink(os.path.join(REPO, "toolkit"), recipe / "toolkit")
+    os.symlink(os.path.join(REPO_ROOT, "toolkit"), recipe / "toolkit")
     out = subprocess.run([sys.executable, "-c", "import toolkit; print(toolkit.__file__)"], cwd=recipe,
                          env=source_env(str(tmp_path / "other_checkout")), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(other / "__init__.py")

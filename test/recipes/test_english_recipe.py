@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test.helpers import REPO_ROOT
 
 
 def read_results(path):
@@ -27,7 +27,7 @@ def read_results(path):
 
 
 def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
-    cmd = ["bash", os.path.join(REPO, "run.sh"), "--corpora", "fsdd", "--train_config", "conf/train_tiny.yaml",
+    cmd = ["bash", os.path.join(REPO_ROOT, "run.sh"), "--corpora", "fsdd", "--train_config", "conf/train_tiny.yaml",
            "--data", str(tmp_path / "data"), "--dir", str(tmp_path / "exp"),
            "--tensorboard_dir", str(tmp_path / "tensorboard"),
            "--decode_modes", "ctc_greedy_search attention_rescoring"]
@@ -46,7 +46,7 @@ def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
     decoding = json.loads((exp / "test_fsdd" / "decode_summary.json").read_text())  # stage 5 ran on 2 ranks
     assert decoding["world_size"] == 2 and sum(decoding["decoded_per_rank"]) == 500
     assert decoding["utterances"]["repeated"] == 0
-    run_sh = open(os.path.join(REPO, "examples/english/s0/run.sh"), encoding="utf-8").read()
+    run_sh = open(os.path.join(REPO_ROOT, "examples/english/s0/run.sh"), encoding="utf-8").read()
     defaults = {name: float(re.search(rf"^{name}=(\S+)", run_sh, re.M).group(1))
                 for name in ("beam_size", "length_penalty")}
     # run.sh's search settings reach recognize; the right-to-left weight is the model's (train_tiny: no such decoder)

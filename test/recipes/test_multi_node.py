@@ -6,7 +6,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -17,21 +16,17 @@ import yaml
 
 from toolkit.utils.checkpoint import load_checkpoint
 
-from ..distributed.recipe_data import assert_bit_identical
+from test.helpers import REPO_ROOT, free_port
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RUN_SH = os.path.join(REPO, "run.sh")
-LAUNCH = os.path.join(REPO, "tools", "launch_nodes.sh")
+from ..multiprocess.workers.recipe_data import assert_bit_identical
+
+pytestmark = pytest.mark.multiprocess  # two nodes' torchrun agents and their ranks (and the recipe tier: test/recipes/)
+RUN_SH = os.path.join(REPO_ROOT, "run.sh")
+LAUNCH = os.path.join(REPO_ROOT, "tools", "launch_nodes.sh")
 TIMEOUT_S = 300  # one job: well under a minute on 2 idle cores; a hang fails here, with the job's output
 DEEPSPEED = ("--train_engine", "deepspeed", "--deepspeed_config", "conf/ds_stage2.json")
 # batch 8: 5 optimizer steps per epoch and rank; step_4 is the epoch's 4th batch
 RESTART_OVERRIDES = "dataset_conf.batch_conf.batch_size 8;train_conf.max_epoch 2;train_conf.save_interval_steps 4"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test.helpers import REPO_ROOT
 
 
 @pytest.mark.parametrize("options, message", [
@@ -46,7 +46,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
      "data/test_fsdd/data.list is missing: stage 3 writes it for each of --corpora"),
 ])
 def test_bad_options_stop_before_any_stage(tmp_path, options, message):
-    proc = subprocess.run(["bash", os.path.join(REPO, "run.sh"), "--corpus_dir", str(tmp_path / "nope"),
+    proc = subprocess.run(["bash", os.path.join(REPO_ROOT, "run.sh"), "--corpus_dir", str(tmp_path / "nope"),
                            "--data", str(tmp_path / "data"), "--dir", str(tmp_path / "exp"), *options],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
@@ -58,7 +58,7 @@ def test_bad_options_stop_before_any_stage(tmp_path, options, message):
 def test_decoding_without_the_spelling_lm_of_stage_2_stops_before_any_stage(tmp_path):
     (tmp_path / "data/lm").mkdir(parents=True)
     (tmp_path / "data/lm/lm_3gram.arpa").write_text("an LM from before the spelling LM\n")
-    proc = subprocess.run(["bash", os.path.join(REPO, "run.sh"), "--stage", "5", "--data", str(tmp_path / "data"),
+    proc = subprocess.run(["bash", os.path.join(REPO_ROOT, "run.sh"), "--stage", "5", "--data", str(tmp_path / "data"),
                            "--dir", str(tmp_path / "exp")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and not re.search(r"^stage -?\d", proc.stdout, re.M), proc.stdout + proc.stderr
     assert proc.stderr.strip().endswith("spelling_6gram_30000common.arpa is missing: run stage 2 (--stage 2 "

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 import yaml
@@ -16,7 +15,8 @@ from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import write_symbol_table
 from toolkit.utils.checkpoint import load_checkpoint, save_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
+from test.helpers import REPO_ROOT
+
 UNITS = list("EFGHINORSTUVWXZ") + ["▁"]  # tiny_fsdd's letters: 19 symbols with <blank>, <unk>, <sos/eos>
 
 
@@ -26,7 +26,7 @@ def make_model(tmp_path, checkpoint="m.pt"):
     write_symbol_table(UNITS, str(tmp_path / "units19.txt"))
     write_symbol_table([u for u in UNITS if u != "X"], str(tmp_path / "units18.txt"))
     (tmp_path / "dup.txt").write_text((tmp_path / "units19.txt").read_text().replace("F 3\n", "F 2\n"))
-    conf = yaml.safe_load(open(ROOT / "examples/english/s0/conf/train_tiny.yaml"))
+    conf = yaml.safe_load(open(REPO_ROOT / "examples/english/s0/conf/train_tiny.yaml"))
     conf.update(cmvn=None, output_dim=19, input_dim=80)
     conf["tokenizer_conf"]["symbol_table_path"] = str(tmp_path / "units19.txt")
     conf["encoder_conf"].update(output_size=32, num_blocks=1, linear_units=32)
@@ -36,7 +36,7 @@ def make_model(tmp_path, checkpoint="m.pt"):
     yaml.safe_dump(conf, open(tmp_path / "train.yaml", "w"))
     with open(tmp_path / "test.list", "w") as f:
         for key in ("theo-0-00", "theo-1-00"):
-            wav = str(ROOT / f"corpora/tiny_fsdd/wav/{key}.wav")
+            wav = str(REPO_ROOT / f"corpora/tiny_fsdd/wav/{key}.wav")
             f.write(json.dumps({"key": key, "wav": wav, "txt": "ZERO"}) + "\n")
 
 
@@ -45,7 +45,7 @@ def decode(tmp_path, table, *options, result="result", modes=("ctc_greedy_search
            "--checkpoint", str(tmp_path / "m.pt"), "--test_data", str(tmp_path / "test.list"),
            "--result_dir", str(tmp_path / f"{result}-{table}"), "--modes", *modes,
            "--override_config", f"tokenizer_conf.symbol_table_path {tmp_path / table}", *options]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -69,9 +69,9 @@ def test_a_word_lm_is_used_as_given_and_a_file_kenlm_cannot_read_is_refused_in_o
     make_model(tmp_path)
     lm, spelling = tmp_path / "lm.arpa", tmp_path / "spelling.arpa"
     for path, options in ((lm, []), (spelling, ["--spelling", "--order", "4"])):
-        subprocess.run([sys.executable, str(ROOT / "tools/train_ngram_lm.py"), *options,
-                        str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(path)], check=True, capture_output=True,
-                       timeout=60)
+        subprocess.run([sys.executable, str(REPO_ROOT / "tools/train_ngram_lm.py"), *options,
+                        str(REPO_ROOT / "corpora/tiny_fsdd/data/train/text"), str(path)], check=True,
+                       capture_output=True, timeout=60)
     modes = ("ctc_prefix_beam_search", "attention_rescoring")
     proc = decode(tmp_path, "units19.txt", "--lm", str(lm), "--lm_weight", "0.7", "--word_bonus", "1",
                   "--oov_penalty", "-10", "--spelling_lm", str(spelling), modes=modes)
@@ -121,7 +121,7 @@ def test_average_num_0_decodes_the_newest_epoch_by_number(tmp_path):
     data.mkdir(parents=True)
     os.replace(model_dir / "test.list", data / "data.list")
     (data / "text").write_text("theo-0-00 ZERO\ntheo-1-00 ONE\n")
-    proc = subprocess.run(["bash", str(ROOT / "run.sh"), "--stage", "5", "--stop_stage", "5", "--average_num", "0",
+    proc = subprocess.run(["bash", str(REPO_ROOT / "run.sh"), "--stage", "5", "--stop_stage", "5", "--average_num", "0",
                            "--corpora", "fsdd", "--data", str(tmp_path / "data"), "--dir", str(model_dir),
                            "--decode_modes", "ctc_greedy_search", "--nproc_per_node", "1", "--lm_order", "0"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})

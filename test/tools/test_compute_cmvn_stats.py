@@ -3,7 +3,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,13 +11,14 @@ from toolkit.dataset import processor
 from toolkit.dataset.cmvn_stats import read_entries
 from toolkit.dataset.conf import FbankConf
 
-ROOT = Path(__file__).resolve().parents[2]
-DEV = ROOT / "corpora/tiny_fsdd/data/dev"
+from test.helpers import REPO_ROOT, kaldi_entries
+
+DEV = REPO_ROOT / "corpora/tiny_fsdd/data/dev"
 FBANK = dataclasses.asdict(FbankConf(dither=0.0))
 
 
 def test_cmvn_stats_match_numpy_over_pipeline_fbank(tmp_path):
-    wavs = [str(ROOT / "corpora/tiny_fsdd" / line.split()[1]) for line in (DEV / "wav.scp").read_text().splitlines()]
+    wavs = [entry["wav"] for entry in kaldi_entries("tiny_fsdd", "dev")]
     data_list = tmp_path / "dev.list"
     data_list.write_text("".join(json.dumps({"key": str(i), "wav": w, "txt": "X"}) + "\n" for i, w in enumerate(wavs)))
     config = tmp_path / "train.yaml"
@@ -29,10 +29,10 @@ def test_cmvn_stats_match_numpy_over_pipeline_fbank(tmp_path):
                                 frame_shift=10.0, dither=0.0)["feat"].numpy()
         for w in wavs]).astype(np.float64)
     outputs = []
-    scp_source = ["--in_scp", DEV / "wav.scp", "--wav_root", ROOT / "corpora/tiny_fsdd"]
+    scp_source = ["--in_scp", DEV / "wav.scp", "--wav_root", REPO_ROOT / "corpora/tiny_fsdd"]
     for source in (["--in_data_list", data_list], scp_source):
         out = tmp_path / f"cmvn{len(outputs)}.json"
-        subprocess.run([sys.executable, str(ROOT / "tools/compute_cmvn_stats.py"), *map(str, source),
+        subprocess.run([sys.executable, str(REPO_ROOT / "tools/compute_cmvn_stats.py"), *map(str, source),
                         "--train_config", str(config), "--num_workers", "2", "--out_cmvn", str(out)],
                        check=True, capture_output=True)
         outputs.append(json.loads(out.read_text()))
@@ -49,7 +49,7 @@ def test_cmvn_stats_match_numpy_over_pipeline_fbank(tmp_path):
 
 
 def test_segment_lines_count_only_their_segment_and_skips_are_counted(tmp_path):
-    wavs = [str(ROOT / "corpora/tiny_fsdd" / line.split()[1]) for line in (DEV / "wav.scp").read_text().splitlines()]
+    wavs = [entry["wav"] for entry in kaldi_entries("tiny_fsdd", "dev")]
     spans = [(0.05, 0.15), (0.1, 0.2), (0.0, 0.12)]
     entries = [{"key": f"seg{i}", "wav": w, "txt": "X", "start": s, "end": e} for i, (w, (s, e)) in
                enumerate(zip(wavs, spans))]
@@ -64,9 +64,9 @@ def test_segment_lines_count_only_their_segment_and_skips_are_counted(tmp_path):
     out = tmp_path / "cmvn.json"
     config = tmp_path / "train.yaml"
     config.write_text("dataset_conf: {}\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/compute_cmvn_stats.py"), "--in_data_list", str(data_list),
-                           "--train_config", str(config), "--out_cmvn", str(out)], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools/compute_cmvn_stats.py"), "--in_data_list",
+                           str(data_list), "--train_config", str(config), "--out_cmvn", str(out)],
+                          capture_output=True, text=True, check=True)
     stats = json.loads(out.read_text())
     assert stats["frame_num"] == feats.shape[0]
     np.testing.assert_allclose(stats["mean_stat"], feats.sum(axis=0), rtol=1e-9)
@@ -87,7 +87,7 @@ def test_bad_lines_and_no_frames_are_one_line_errors(tmp_path):
     scp.write_text(f"a {tmp_path}/a.wav\n")
     (tmp_path / "train.yaml").write_text("dataset_conf: {}\n")
     out = tmp_path / "cmvn.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/compute_cmvn_stats.py"), "--in_scp", str(scp),
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools/compute_cmvn_stats.py"), "--in_scp", str(scp),
                            "--train_config", str(tmp_path / "train.yaml"), "--out_cmvn", str(out)],
                           capture_output=True, text=True)
     assert proc.returncode == 1

@@ -1,22 +1,22 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from toolkit.utils.kaldi_files import read_table
 from toolkit.utils.metrics import ErrorCounts, score
 
-ROOT = Path(__file__).resolve().parents[2]
+from test.helpers import REPO_ROOT
+
 REF = {"u1": "A B C D", "u2": "THE CAT SAT", "u3": "HELLO"}
 HYP = {"u1": "A X C D E", "u2": "THE  SAT", "u9": "EXTRA"}
 
 
 def compute_wer(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's toolkit, whatever is installed
-    return subprocess.run([sys.executable, str(ROOT / "tools/compute_wer.py"), *map(str, args)], capture_output=True,
-                          text=True, timeout=60, env=env)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}  # this checkout's toolkit, whatever is installed
+    return subprocess.run([sys.executable, str(REPO_ROOT / "tools/compute_wer.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_word_counts_by_hand():

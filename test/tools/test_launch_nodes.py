@@ -4,8 +4,9 @@ import os
 import subprocess
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAUNCH = os.path.join(REPO, "tools", "launch_nodes.sh")
+from test.helpers import REPO_ROOT
+
+LAUNCH = os.path.join(REPO_ROOT, "tools", "launch_nodes.sh")
 
 
 def launch(tmp_path, command, *options, env=None):

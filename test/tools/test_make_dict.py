@@ -3,17 +3,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from test.helpers import REPO_ROOT
 
 
 def run_tool(name, *args):
-    return subprocess.run([sys.executable, str(ROOT / "tools" / name), *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / name), *map(str, args)], capture_output=True,
                           text=True, check=True, cwd="/")
 
 
 def test_make_dict_on_tiny_fsdd(tmp_path):
     out = tmp_path / "dict" / "units.txt"
-    run_tool("make_dict.py", ROOT / "corpora/tiny_fsdd/data/train/text", out)
+    run_tool("make_dict.py", REPO_ROOT / "corpora/tiny_fsdd/data/train/text", out)
     units = list("EFGHINORSTUVWXZ") + ["▁"]  # letters of ZERO..NINE, then the word boundary
     expected = ["<blank>", "<unk>"] + units + ["<sos/eos>"]
     assert out.read_text(encoding="utf-8").splitlines() == [f"{s} {i}" for i, s in enumerate(expected)]
@@ -31,9 +31,9 @@ def test_make_raw_list_reports_and_skips_unmatched_keys(tmp_path):
 
 
 def test_make_raw_list_real_corpus_paths_exist(tmp_path):
-    data = ROOT / "corpora/tiny_lj/data/dev"
+    data = REPO_ROOT / "corpora/tiny_lj/data/dev"
     out = tmp_path / "dev.list"
-    run_tool("make_raw_list.py", "--wav_root", ROOT / "corpora/tiny_lj", data / "wav.scp", data / "text", out)
+    run_tool("make_raw_list.py", "--wav_root", REPO_ROOT / "corpora/tiny_lj", data / "wav.scp", data / "text", out)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 3 and all(Path(e["wav"]).is_file() for e in lines)
     assert lines[0]["txt"] == (data / "text").read_text().splitlines()[0].split(" ", 1)[1]

@@ -2,7 +2,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,13 +9,14 @@ import soundfile as sf
 
 from toolkit.dataset.data_list import reencode_audio
 
-ROOT = Path(__file__).resolve().parents[2]
-FSDD = ROOT / "corpora/tiny_fsdd"
-KATHLEEN = ROOT / "corpora/kathleen"
+from test.helpers import REPO_ROOT
+
+FSDD = REPO_ROOT / "corpora/tiny_fsdd"
+KATHLEEN = REPO_ROOT / "corpora/kathleen"
 
 
 def make_raw_list_cli(*args):
-    return subprocess.run([sys.executable, str(ROOT / "tools/make_raw_list.py"), *map(str, args)],
+    return subprocess.run([sys.executable, str(REPO_ROOT / "tools/make_raw_list.py"), *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -14,10 +14,11 @@ from toolkit.dataset.processor import read_audio
 from toolkit.dataset.data_list import read_raw_list
 from toolkit.dataset.shard import make_shards, read_shards, write_shard_list
 
-ROOT = Path(__file__).resolve().parents[2]
+from test.helpers import REPO_ROOT
 
-FSDD = ROOT / "corpora/tiny_fsdd"
-KATHLEEN = ROOT / "corpora/kathleen"
+
+FSDD = REPO_ROOT / "corpora/tiny_fsdd"
+KATHLEEN = REPO_ROOT / "corpora/kathleen"
 
 
 def entries_of(corpus, split, n):
@@ -29,7 +30,7 @@ def entries_of(corpus, split, n):
 
 
 def make_shard_list_cli(*args):
-    return subprocess.run([sys.executable, str(ROOT / "tools/make_shard_list.py"), *map(str, args)],
+    return subprocess.run([sys.executable, str(REPO_ROOT / "tools/make_shard_list.py"), *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -1,7 +1,7 @@
 import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from test.helpers import REPO_ROOT
+
 
 RECIPE = """#!/usr/bin/env bash
 # Toy recipe header.
@@ -15,7 +15,7 @@ echo "stage=$stage use_gpu=$use_gpu rest=$*"
 
 def run_recipe(tmp_path, *args):
     script = tmp_path / "run.sh"
-    script.write_text(RECIPE.format(root=ROOT))
+    script.write_text(RECIPE.format(root=REPO_ROOT))
     return subprocess.run(["bash", str(script), *args], capture_output=True, text=True)
 
 

@@ -1,16 +1,15 @@
 import subprocess
 import sys
-from pathlib import Path
 
 from toolkit.text.tokenizer import BpeTokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+from test.helpers import REPO_ROOT
 
 
 def test_spm_train_writes_model_and_symbol_table(tmp_path):
     prefix = tmp_path / "bpe" / "lj"
-    subprocess.run([sys.executable, str(ROOT / "tools/spm_train.py"), "--model_type", "bpe", "--vocab_size", "40",
-                    str(ROOT / "corpora/tiny_lj/data/train/text"), str(prefix)], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(REPO_ROOT / "tools/spm_train.py"), "--model_type", "bpe", "--vocab_size", "40",
+                    str(REPO_ROOT / "corpora/tiny_lj/data/train/text"), str(prefix)], check=True, capture_output=True)
     table = (tmp_path / "bpe" / "lj.units.txt").read_text(encoding="utf-8").splitlines()
     assert len(table) == 42
     assert table[:2] == ["<blank> 0", "<unk> 1"] and table[-1] == "<sos/eos> 41"

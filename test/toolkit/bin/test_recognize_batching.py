@@ -15,14 +15,15 @@ from toolkit.models.registry import init_model
 from toolkit.text.tokenizer import write_symbol_table
 from toolkit.utils.checkpoint import save_checkpoint
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from test.helpers import REPO_ROOT
+
 MODES = ["ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"]
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_every_mode_is_independent_of_the_batch_and_survives_a_short_clip(tmp_path, bidirectional):
     write_symbol_table(list("EFGHINORSTUVWXZ") + ["\u2581"], str(tmp_path / "units.txt"))
-    conf = yaml.safe_load(open(os.path.join(REPO, "examples", "english", "s0", "conf", "train_tiny.yaml")))
+    conf = yaml.safe_load(open(os.path.join(REPO_ROOT, "examples", "english", "s0", "conf", "train_tiny.yaml")))
     conf.update(cmvn=None, output_dim=19, input_dim=80)
     conf["tokenizer_conf"]["symbol_table_path"] = str(tmp_path / "units.txt")
     conf["encoder_conf"].update(output_size=32, num_blocks=1, linear_units=32)
@@ -40,7 +41,7 @@ def test_every_mode_is_independent_of_the_batch_and_survives_a_short_clip(tmp_pa
                 decoder.output_layer.bias[18] = -30.0  # an untrained model that rarely says <eos>
     save_checkpoint(str(tmp_path / "m.pt"), {"model": model.state_dict()}, {"tag": "test"})
     yaml.safe_dump(conf, open(tmp_path / "train.yaml", "w"))
-    wav = os.path.join(REPO, "corpora", "tiny_fsdd", "wav")
+    wav = os.path.join(REPO_ROOT, "corpora", "tiny_fsdd", "wav")
     rows = [{"key": "theo-6-00", "wav": f"{wav}/theo-6-00.wav", "txt": "SIX"},
             {"key": "short60ms", "wav": f"{wav}/theo-2-00.wav", "txt": "TWO", "start": 0.1, "end": 0.16},
             {"key": "theo-2-00", "wav": f"{wav}/theo-2-00.wav", "txt": "TWO"}]
@@ -53,7 +54,7 @@ def test_every_mode_is_independent_of_the_batch_and_survives_a_short_clip(tmp_pa
              str(tmp_path / "m.pt"), "--test_data", str(tmp_path / "test.list"), "--result_dir",
              str(tmp_path / f"bs{batch_size}"), "--modes", *MODES, "--beam_size", "4", "--batch_size",
              str(batch_size), *options], capture_output=True, text=True, timeout=300,
-            env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"})
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"})
 
     for batch_size in (1, 2):  # at 2 the 4-frame clip is padded next to the 47-frame one
         proc = recognize(batch_size)

@@ -7,14 +7,16 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from toolkit.text.tokenizer import write_symbol_table
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-CONF = os.path.join(REPO, "examples", "english", "s0", "conf", "train_tiny.yaml")
-ENV = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+from test.helpers import REPO_ROOT, kaldi_entries
+
+CONF = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf", "train_tiny.yaml")
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def run(args, cwd, timeout=300):
@@ -22,7 +24,7 @@ def run(args, cwd, timeout=300):
 
 
 def cmvn(tmp_path, data_list):
-    proc = run([os.path.join(REPO, "tools", "compute_cmvn_stats.py"), "--train_config", CONF, "--in_data_list",
+    proc = run([os.path.join(REPO_ROOT, "tools", "compute_cmvn_stats.py"), "--train_config", CONF, "--in_data_list",
                 str(data_list), "--out_cmvn", str(tmp_path / "cmvn")], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -40,7 +42,7 @@ def train(tmp_path, train_list, cv_list, *overrides):
 def test_an_utterance_without_ctc_alignment_is_named_and_counted(tmp_path):
     # The ctc-impossible case: three 3 s segments of real speech and short014, 0.14 s (12 fbank frames = 2 encoder
     # frames) with 10 characters, which no CTC alignment can fit. zero_infinity used to score it 0, unreported.
-    wav = os.path.join(REPO, "corpora", "tiny_lj", "wav")
+    wav = os.path.join(REPO_ROOT, "corpora", "tiny_lj", "wav")
     rows = [{"key": f"long{i}", "wav": f"{wav}/LJ001-0001.wav", "txt": "PRINTING IN THE ONLY", "start": 3.0 * i,
              "end": 3.0 * i + 3.0} for i in range(3)]
     rows.append({"key": "short014", "wav": f"{wav}/LJ001-0002.wav", "txt": "COMPARATIV", "start": 0.5, "end": 0.64})
@@ -60,19 +62,13 @@ def test_an_utterance_without_ctc_alignment_is_named_and_counted(tmp_path):
     assert 0 < info["train_loss"] < 1000 and 0 < info["cv_loss"] < 1000
 
 
+@pytest.mark.multiprocess  # 2 epochs, then a resume: two training processes (~90 s on a busy 2-core machine)
 def test_a_resume_leaves_one_tensorboard_value_per_step(tmp_path):
     # The tensorboard-resume case: 2 epochs (steps 1-10), then a resume from epoch_0.pt into the same directories.
-    corpus = os.path.join(REPO, "corpora", "tiny_fsdd")
-
-    def rows(split, n=None):
-        d = os.path.join(corpus, "data", split)
-        wavs = dict(line.split() for line in open(os.path.join(d, "wav.scp")))
-        texts = dict(line.strip().split(maxsplit=1) for line in open(os.path.join(d, "text")))
-        return [{"key": k, "wav": os.path.join(corpus, wavs[k]), "txt": texts[k]} for k in sorted(wavs)][:n]
-
-    for name, entries in (("train.list", rows("train", 40)), ("cv.list", rows("dev"))):
+    train_rows = kaldi_entries("tiny_fsdd", "train")
+    for name, entries in (("train.list", train_rows[:40]), ("cv.list", kaldi_entries("tiny_fsdd", "dev"))):
         (tmp_path / name).write_text("".join(json.dumps(row) + "\n" for row in entries))
-    write_symbol_table(sorted(set("".join(row["txt"] for row in rows("train")))), str(tmp_path / "units.txt"))
+    write_symbol_table(sorted(set("".join(row["txt"] for row in train_rows))), str(tmp_path / "units.txt"))
     cmvn(tmp_path, tmp_path / "cv.list")
     overrides = ("dataset_conf.batch_conf.batch_size 8", "train_conf.log_interval 1", "train_conf.max_epoch 2")
     first = train(tmp_path, tmp_path / "train.list", tmp_path / "cv.list", *overrides)

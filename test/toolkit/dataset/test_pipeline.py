@@ -3,7 +3,6 @@ import json
 import logging
 import re
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,17 +16,10 @@ from toolkit.dataset.loader import build_dataloader
 from toolkit.dataset.pipeline import build_dataset
 from toolkit.utils.config_parsing import ConfigError
 
-ROOT = Path(__file__).resolve().parents[3]
-FSDD = ROOT / "corpora/tiny_fsdd"
-LJ = ROOT / "corpora/tiny_lj"
+from test.helpers import REPO_ROOT, kaldi_entries
 
-
-def kaldi_entries(corpus, split):
-    def read(name):
-        with open(corpus / "data" / split / name, encoding="utf-8") as f:
-            return dict(line.rstrip("\n").split(" ", 1) for line in f)
-    wavs, texts = read("wav.scp"), read("text")
-    return [{"key": k, "wav": str(corpus / w), "txt": texts[k]} for k, w in wavs.items()]
+FSDD = REPO_ROOT / "corpora/tiny_fsdd"
+LJ = REPO_ROOT / "corpora/tiny_lj"
 
 
 def write_list(path, entries):
@@ -271,7 +263,7 @@ def test_non_finite_audio_and_features_are_skipped_named_and_counted(tmp_path, t
         for entry, reason in bad:
             assert any(entry["key"] in r.getMessage() and reason in r.getMessage() for r in caplog.records)
     # The nan-audio case: the file alone as a CV list with the recipe's tiny config leaves only a B=0 batch.
-    yaml_conf = resolve_dataset_conf(yaml.safe_load(open(ROOT / "examples/english/s0/conf/train_tiny.yaml"))
+    yaml_conf = resolve_dataset_conf(yaml.safe_load(open(REPO_ROOT / "examples/english/s0/conf/train_tiny.yaml"))
                                      ["dataset_conf"])
     alone = write_list(tmp_path / "nan.list", [bad[0][0]])
     (batch,) = list(build_dataloader(build_dataset(alone, tokenizer, yaml_conf, mode="cv"), yaml_conf))

@@ -4,7 +4,6 @@ import random
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +17,10 @@ from toolkit.dataset.processor import SkipSample
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 from toolkit.utils.common import IGNORE_ID
 
-ROOT = Path(__file__).resolve().parents[3]
-FSDD_WAV = ROOT / "corpora/tiny_fsdd/wav"
-LJ_WAV = ROOT / "corpora/tiny_lj/wav/LJ001-0002.wav"
+from test.helpers import REPO_ROOT
+
+FSDD_WAV = REPO_ROOT / "corpora/tiny_fsdd/wav"
+LJ_WAV = REPO_ROOT / "corpora/tiny_lj/wav/LJ001-0002.wav"
 FBANK = dataclasses.asdict(FbankConf(dither=0.0))  # the recipe's features without dither
 DITHERED = dict(FBANK, dither=1.0)
 FILTER = dict(dataclasses.asdict(FilterConf()), frame_shift=10.0)

@@ -15,23 +15,16 @@ from toolkit.dataset.shard import read_shards, write_shard
 from toolkit.utils.config_parsing import ConfigError
 from toolkit.text.tokenizer import CharTokenizer, write_symbol_table
 
-ROOT = Path(__file__).resolve().parents[3]
-KATHLEEN = ROOT / "corpora/kathleen"
-SO762 = ROOT / "corpora/speechocean762"
-FSDD = ROOT / "corpora/tiny_fsdd"
+from test.helpers import REPO_ROOT, kaldi_entries
 
-
-def kaldi_entries(corpus, split, n):
-    def read(name):
-        with open(corpus / "data" / split / name, encoding="utf-8") as f:
-            return dict(line.rstrip("\n").split(" ", 1) for line in f)
-    wavs, texts = read("wav.scp"), read("text")
-    return [{"key": k, "wav": str(corpus / w), "txt": texts[k]} for k, w in list(wavs.items())[:n]]
+KATHLEEN = REPO_ROOT / "corpora/kathleen"
+SO762 = REPO_ROOT / "corpora/speechocean762"
+FSDD = REPO_ROOT / "corpora/tiny_fsdd"
 
 
 @pytest.fixture(scope="module")
 def entries():
-    return kaldi_entries(KATHLEEN, "dev", 6) + kaldi_entries(SO762, "dev", 5)  # Ogg Opus, 16 kHz
+    return kaldi_entries(KATHLEEN, "dev")[:6] + kaldi_entries(SO762, "dev")[:5]  # Ogg Opus, 16 kHz
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +120,7 @@ def shard_line(path, num_utts=None):
 
 @pytest.fixture(scope="module")
 def fsdd3():
-    return kaldi_entries(FSDD, "dev", 3)  # 16-bit WAV, stored as they are
+    return kaldi_entries(FSDD, "dev")[:3]  # 16-bit WAV, stored as they are
 
 
 def cut_shard(path, entries, where):

@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from test.helpers import REPO_ROOT
+
 LAUNCHER_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 
 def sources():
-    for path in glob.glob(os.path.join(REPO, "toolkit", "**", "*.py"), recursive=True):
-        yield os.path.relpath(path, REPO), ast.parse(open(path, encoding="utf-8").read())
+    for path in glob.glob(os.path.join(REPO_ROOT, "toolkit", "**", "*.py"), recursive=True):
+        yield os.path.relpath(path, REPO_ROOT), ast.parse(open(path, encoding="utf-8").read())
 
 
 def test_only_the_context_reads_the_launcher_environment():
@@ -46,7 +47,7 @@ def test_plain_python_is_a_one_process_group_torn_down_at_the_end(tmp_path):
             "destroy_distributed()\n"
             "print(dist.is_initialized())\n")
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-    env["PYTHONPATH"] = REPO
+    env["PYTHONPATH"] = str(REPO_ROOT)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["0", "1", "0", "True", "1", "0", "30", "False"]

@@ -1,7 +1,7 @@
 """``train_conf.compile`` (:mod:`toolkit.engine.compile`): the tiny recipe model with its encoder and decoder layers
 compiled in place trains like the eager model, one dynamic graph serves every T, and its checkpoint is an eager
 model's. (Bit-identical mid-epoch resume with compile on:
-test/distributed/test_exact_resume.py::test_ddp_mid_epoch_resume_with_compiled_layers_is_bit_identical.)"""
+test/multiprocess/test_exact_resume.py::test_ddp_mid_epoch_resume_with_compiled_layers_is_bit_identical.)"""
 
 import copy
 import os
@@ -13,7 +13,12 @@ from toolkit.engine.compile import compile_blocks
 from toolkit.models.registry import init_model
 from toolkit.train_config import read_config
 
-CONF = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf",
+from test.helpers import REPO_ROOT
+
+# The slow tier: the fixture trains the model twice, and inductor compiles in worker processes (minutes on a
+# busy 2-core machine).
+pytestmark = pytest.mark.multiprocess
+CONF = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf",
                     "train_tiny.yaml")
 VOCAB = 20
 STEPS_T = (61, 77, 53, 95, 70)  # one batch per step, each of another length: T' = 14, 18, 12, 22, 16

@@ -13,7 +13,9 @@ from toolkit.engine.train_conf import resolve_train_conf
 from toolkit.train_config import read_config
 from toolkit.utils.config_parsing import ConfigError
 
-RECIPE_CONF = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf")
+from test.helpers import REPO_ROOT
+
+RECIPE_CONF = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf")
 RECIPE_YAMLS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(RECIPE_CONF, "*.yaml")))  # every one shipped
 TRAIN_CONF = resolve_train_conf({"accum_grad": 4, "grad_clip": 5.0, "dtype": "bf16"})
 STATIC = 16  # a static batch of 16 utterances

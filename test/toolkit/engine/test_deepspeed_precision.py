@@ -5,18 +5,15 @@ float32 output of CMVN (DeepSpeed keeps buffers in float32) meeting the bf16 wei
 there."""
 
 import json
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "distributed"))
-from tiny_ctc import TinyConformer, make_batch, utterances  # noqa: E402
+from toolkit.engine import init_engine
+from toolkit.engine.train_conf import resolve_train_conf
+from toolkit.models.transformer.cmvn import GlobalCMVN
+from toolkit.utils.scheduler import init_optimizer_and_scheduler
 
-from toolkit.engine import init_engine  # noqa: E402
-from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
-from toolkit.models.transformer.cmvn import GlobalCMVN  # noqa: E402
-from toolkit.utils.scheduler import init_optimizer_and_scheduler  # noqa: E402
+from test.multiprocess.workers.tiny_ctc import TinyConformer, make_batch, utterances
 
 
 def test_bf16_conformer_with_cmvn_trains_when_deepspeed_turns_the_outer_autocast_off(one_rank, tmp_path):

@@ -22,7 +22,9 @@ from toolkit.engine.train_conf import resolve_train_conf
 from toolkit.models.transformer.ctc import min_ctc_frames
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 
-CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "corpora", "tiny_fsdd")
+from test.helpers import REPO_ROOT
+
+CORPUS = os.path.join(REPO_ROOT, "corpora", "tiny_fsdd")
 UNITS = ["<blank>", "<unk>"] + list("EFGHINORSTUVWXZ")
 FBANK = dataclasses.asdict(FbankConf(dither=0.0))
 

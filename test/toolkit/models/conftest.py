@@ -8,12 +8,7 @@ import pytest
 import soundfile
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def _read_map(path: Path) -> dict[str, str]:
-    with open(path, encoding="utf-8") as f:
-        return dict(line.rstrip("\n").split(" ", 1) for line in f if line.strip())
+from test.helpers import kaldi_entries
 
 
 def compute_fbank(wav_path: Path) -> torch.Tensor:
@@ -35,15 +30,14 @@ class Corpus:
     """Keys, transcripts and fbank of one split of a tiny corpus."""
 
     def __init__(self, name: str, split: str = "train"):
-        self.root = REPO_ROOT / "corpora" / name
-        data = self.root / "data" / split
-        self.wav = _read_map(data / "wav.scp")
-        self.text = _read_map(data / "text")
+        entries = kaldi_entries(name, split)
+        self.wav = {e["key"]: Path(e["wav"]) for e in entries}
+        self.text = {e["key"]: e["txt"] for e in entries}
         self._cache: dict[str, torch.Tensor] = {}
 
     def fbank(self, key: str) -> torch.Tensor:
         if key not in self._cache:
-            self._cache[key] = compute_fbank(self.root / self.wav[key])
+            self._cache[key] = compute_fbank(self.wav[key])
         return self._cache[key]
 
     def batch(self, keys: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,6 @@ real transcripts; the tool that writes the ARPA file."""
 import logging
 import subprocess
 import sys
-from pathlib import Path
 
 import kenlm
 import pytest
@@ -12,7 +11,8 @@ from toolkit.text.common_words import common_words
 from toolkit.text.kneser_ney import FALLBACK_DISCOUNTS, kneser_ney_arpa, modified_kn_discounts
 from toolkit.text.ngram_lm import arpa_vocabulary
 
-ROOT = Path(__file__).resolve().parents[3]
+from test.helpers import REPO_ROOT
+
 
 
 def prob(model, context, word):
@@ -83,7 +83,7 @@ def test_common_words_are_the_most_frequent_english_words_the_alphabet_spells():
 
 @pytest.mark.parametrize("order, prior_words", [(2, 0), (3, 0), (4, 0), (3, 5000)])
 def test_every_distribution_sums_to_one_on_real_transcripts(order, prior_words, estimated_lm):
-    text = ROOT / "corpora/kathleen/data/train/text"
+    text = REPO_ROOT / "corpora/kathleen/data/train/text"
     sentences = [line.split()[1:] for line in text.read_text(encoding="utf-8").splitlines()]
     prior = common_words(prior_words, set("ABCDEFGHIJKLMNOPQRSTUVWXYZ'"), upper=True) if prior_words else None
     model, path = estimated_lm(sentences, order, prior=prior)
@@ -95,16 +95,16 @@ def test_every_distribution_sums_to_one_on_real_transcripts(order, prior_words, 
 
 
 def test_the_tool_writes_the_arpa_and_refuses_an_empty_text(tmp_path):
-    tool = [sys.executable, str(ROOT / "tools/train_ngram_lm.py"), "--order", "3"]
+    tool = [sys.executable, str(REPO_ROOT / "tools/train_ngram_lm.py"), "--order", "3"]
     out = tmp_path / "lm" / "lm.arpa"
-    run = subprocess.run(tool + [str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)], capture_output=True,
+    run = subprocess.run(tool + [str(REPO_ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "ngram 1 " in run.stdout and kenlm.Model(str(out)).order == 3
     digits = arpa_vocabulary(str(out)) - {"<s>", "</s>", "<unk>"}
     assert digits == {"ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE"}
     # with the 300 most frequent English words its letters spell (upper case, as the transcripts)
-    run = subprocess.run(tool + ["--common_words", "300", str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)],
+    run = subprocess.run(tool + ["--common_words", "300", str(REPO_ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "common words 300, ngram 1 " in run.stdout, run.stderr
     vocabulary = arpa_vocabulary(str(out))
@@ -117,7 +117,7 @@ def test_the_tool_writes_the_arpa_and_refuses_an_empty_text(tmp_path):
                                                                       "model from"]
     assert not (tmp_path / "x.arpa").exists()
     # the spelling LM: the distinct words of the text, letter by letter
-    run = subprocess.run(tool + ["--spelling", str(ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)],
+    run = subprocess.run(tool + ["--spelling", str(REPO_ROOT / "corpora/tiny_fsdd/data/train/text"), str(out)],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "sentences 10, words 40, ngram 1 " in run.stdout, run.stderr
     assert arpa_vocabulary(str(out)) == set("EFGHINORSTUVWXZ") | {"<s>", "</s>", "<unk>"}

@@ -1,5 +1,4 @@
 import pickle
-from pathlib import Path
 
 import pytest
 
@@ -9,13 +8,13 @@ from toolkit.text.units import collect_char_units, train_sentencepiece
 from toolkit.utils.common import UNK_ID
 from toolkit.utils.config_parsing import ConfigError
 
-ROOT = Path(__file__).resolve().parents[3]
+from test.helpers import REPO_ROOT
 
 
 def transcripts(corpus):
     texts = []
     for split in ("train", "dev", "test"):
-        with open(ROOT / "corpora" / corpus / "data" / split / "text", encoding="utf-8") as f:
+        with open(REPO_ROOT / "corpora" / corpus / "data" / split / "text", encoding="utf-8") as f:
             texts += [line.split(maxsplit=1)[1].strip() for line in f]
     return texts
 
@@ -23,7 +22,7 @@ def transcripts(corpus):
 @pytest.fixture(scope="module")
 def lj_char_table(tmp_path_factory):
     path = tmp_path_factory.mktemp("dict") / "units.txt"
-    write_symbol_table(collect_char_units(str(ROOT / "corpora/tiny_lj/data/train/text")), str(path))
+    write_symbol_table(collect_char_units(str(REPO_ROOT / "corpora/tiny_lj/data/train/text")), str(path))
     return str(path)
 
 
@@ -42,7 +41,7 @@ def test_char_round_trip_on_shipped_transcripts(tmp_path, corpus):
     table = tmp_path / "units.txt"
     units = set()
     for split in ("train", "dev", "test"):
-        units.update(collect_char_units(str(ROOT / "corpora" / corpus / "data" / split / "text")))
+        units.update(collect_char_units(str(REPO_ROOT / "corpora" / corpus / "data" / split / "text")))
     write_symbol_table(sorted(units), str(table))
     tok = CharTokenizer(str(table))
     for text in transcripts(corpus):

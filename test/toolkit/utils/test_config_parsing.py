@@ -9,12 +9,14 @@ from toolkit.models.registry import init_model
 from toolkit.train_config import read_config
 from toolkit.utils.config_parsing import ConfigError, apply_overrides, load_config
 
+from test.helpers import REPO_ROOT
+
 BASE = {"train_conf": {"max_epoch": 10, "grad_clip": 5.0, "dtype": "fp32"},
         "model_conf": {"ctc_weight": 0.3, "length_normalized_loss": False},
         "cmvn": "global_cmvn", "cmvn_conf": {"cmvn_file": "data/train/global_cmvn"}, "encoder": "conformer",
         "dataset_conf": {"speeds": [1.0], "filter_conf": {"max_length": 2000, "min_length": 10}},
         "tokenizer_conf": {"symbol_table_path": "units.txt"}}
-RECIPE_YAML = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "english", "s0", "conf",
+RECIPE_YAML = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf",
                            "train_conformer.yaml")
 # Every training config the recipe ships, with the parameter count its docs state (examples/english/s0/README.md,
 # docs/multi-gpu-and-nodes.md) for the recipe's dictionary of 31 units.

@@ -1,0 +1,63 @@
+"""What the tests and their worker scripts share: where the checkout is, the tiny corpora's Kaldi entries, a free
+TCP port, and the rank reports through which each rank of a worker script tells its test what it saw.
+
+Imported as ``test.helpers`` (``test`` is a package): pytest puts the checkout first on ``sys.path`` when it loads
+``test/conftest.py``, and worker scripts find it on the ``PYTHONPATH`` their launcher sets
+(``test/multiprocess/workers/launch.py``). Kept to the standard library, so that a worker pays nothing to import it.
+"""
+
+import json
+import os
+import socket
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout: run.sh, toolkit/, tools/, corpora/, examples/
+
+
+def kaldi_entries(corpus: str | os.PathLike, split: str) -> list[dict]:
+    """The Kaldi directory ``<corpus>/data/<split>`` (``wav.scp`` and ``text``) as data.list entries
+    ``{"key", "wav" (absolute path), "txt"}``, in key order.
+
+    Args:
+        corpus: a corpus name under ``corpora/`` (``"tiny_fsdd"``) or a corpus directory.
+        split: ``"train"``, ``"dev"`` or ``"test"``.
+    """
+    root = REPO_ROOT / "corpora" / corpus
+
+    def read(name: str) -> dict[str, str]:
+        with open(root / "data" / split / name, encoding="utf-8") as f:
+            return dict(line.rstrip("\n").split(" ", 1) for line in f)
+
+    wavs, texts = read("wav.scp"), read("text")
+    return [{"key": key, "wav": str(root / wavs[key]), "txt": texts[key]} for key in sorted(wavs)]
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free now, for a rendezvous endpoint (free when asked, not reserved)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _report_path(out_dir: str | os.PathLike, rank: int) -> Path:
+    """Where rank ``rank`` of a worker script writes its report: ``out_dir/rank{rank}.json``."""
+    return Path(out_dir) / f"rank{rank}.json"
+
+
+def write_rank_report(out_dir: str | os.PathLike, rank: int, report) -> None:
+    """Worker side: ``report`` (JSON-serialisable) as rank ``rank``'s report in ``out_dir``."""
+    with open(_report_path(out_dir, rank), "w", encoding="utf-8") as f:
+        json.dump(report, f)
+
+
+def read_rank_reports(out_dir: str | os.PathLike, world_size: int) -> list:
+    """Test side: the reports of ranks ``0 .. world_size - 1`` in ``out_dir``, in rank order.
+
+    Raises:
+        FileNotFoundError: a rank wrote no report (it failed or never got there); the path names the rank.
+    """
+    reports = []
+    for rank in range(world_size):
+        with open(_report_path(out_dir, rank), encoding="utf-8") as f:
+            reports.append(json.load(f))
+    return reports
