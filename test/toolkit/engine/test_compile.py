@@ -23,12 +23,16 @@ CONF = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf",
 VOCAB = 20
 STEPS_T = (61, 77, 53, 95, 70)  # one batch per step, each of another length: T' = 14, 18, 12, 22, 16
 # NOTE: inductor computes the fused layer norms, softmax and reductions in another order than the eager kernels:
-# float32 rounding (about 1e-7 relative per op), which 5 SGD steps carry into the weights. Measured: losses agree
-# to 9e-7 (relative) and weights to 8e-7; a bound 10x that still fails any real difference (a dropout mask drawn
-# differently changes the loss by percents). NOTE: SGD, not Adam: Adam divides by the gradient's own size, so on
+# float32 rounding (about 1e-7 relative per op), which 5 SGD steps carry into the weights. The difference depends
+# on the CPU's vector kernels, on both sides: measured (torch 2.13, AMD EPYC AVX2, 2026-12-07) losses agree to
+# 3.7e-6 (relative, step 4) and weights to 8.6e-7 with AVX2 kernels on both sides, to 6.9e-7 and 1.5e-6 with eager's
+# scalar kernels (ATEN_CPU_CAPABILITY=default) against inductor's AVX2 code (cpp.simdlen 256; with that variable
+# alone inductor emits vector code it cannot compile); an earlier machine measured 9e-7 and 8e-7. The bounds leave
+# 6x or more above the largest, and still fail any real difference (a dropout mask drawn differently changes the
+# loss by percents). NOTE: SGD, not Adam: Adam divides by the gradient's own size, so on
 # parameters whose gradient is zero in exact arithmetic (the key projection's bias: softmax ignores a score added
 # to every key) it turns rounding noise into full-size steps (2e-4 apart after 5 steps).
-LOSS_RTOL = 1e-5
+LOSS_RTOL = 3e-5
 PARAM_ATOL = 1e-5
 
 
