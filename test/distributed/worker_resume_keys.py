@@ -18,7 +18,8 @@ from toolkit.dataset.pipeline import build_dataloader, build_dataset  # noqa: E4
 from toolkit.distributed.context import destroy_distributed, init_distributed  # noqa: E402
 from toolkit.distributed.join import FlagJoin  # noqa: E402
 from toolkit.engine.checkpointer import Checkpointer  # noqa: E402
-from toolkit.engine.executor import Executor, data_signature  # noqa: E402
+from toolkit.engine.executor import Executor  # noqa: E402
+from toolkit.engine.position import data_signature  # noqa: E402
 from toolkit.engine.train_conf import resolve_train_conf  # noqa: E402
 from toolkit.text.tokenizer import CharTokenizer  # noqa: E402
 

@@ -40,7 +40,9 @@ from toolkit.distributed.shared_dir import check_shared_dir
 from toolkit.engine import ENGINE_CHOICES, Engine, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.compile import compile_blocks
-from toolkit.engine.executor import Executor, data_signature, require_utterances
+from toolkit.engine.executor import Executor
+from toolkit.engine.position import data_signature
+from toolkit.engine.stats import require_utterances
 from toolkit.models.registry import init_model
 from toolkit.models.summary import trace_and_print_model
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
