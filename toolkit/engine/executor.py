@@ -205,14 +205,7 @@ class Executor:
             position.batches_read = {}
         else:
             logging.info("resuming epoch %d after its first %d batches", progress.epoch, progress.batches_in_epoch)
-        if train_set is not None:
-            if progress.batches_in_epoch == 0:
-                train_set.set_epoch(progress.epoch)
-            else:
-                train_set.resume_epoch(progress.epoch, position.batches_read)
-            # NOTE: the loader's own generator, reseeded per epoch, so a resumed job replays the same worker seeds.
-            dataloader.generator.manual_seed(progress.data_seed + progress.epoch)
-            dataloader = train_set.drop_replayed(dataloader)
+        batches = dataloader if train_set is None else self._epoch_of(train_set, dataloader)
         stats = self.running.stats
         model = engine.model
         model.train()
@@ -225,7 +218,7 @@ class Executor:
             stats.add(batch, None)
             position.add(batch)
 
-        for batch in join.iterate(dataloader, on_empty=on_empty, on_dropped=stats.add_dropped):
+        for batch in join.iterate(batches, on_empty=on_empty, on_dropped=stats.add_dropped):
             micro += 1
             progress.batches_in_epoch += 1
             sync = micro == self.accum_grad or join.is_last  # the epoch's last micro-batches still make a step
@@ -268,6 +261,18 @@ class Executor:
         stats = stats.reduce()
         self.time_budget.epoch_trained()
         return stats
+
+    def _epoch_of(self, train_set: ResumableDataset, dataloader) -> Iterable[dict]:
+        """The batches of the current epoch from ``dataloader`` over ``train_set``: the set moved to the epoch (to
+        its rest after a mid-epoch resume), the loader's generator reseeded, the set's placeholders dropped."""
+        progress = self.progress
+        if progress.batches_in_epoch == 0:
+            train_set.set_epoch(progress.epoch)
+        else:
+            train_set.resume_epoch(progress.epoch, self.position.batches_read)
+        # NOTE: the loader's own generator, reseeded per epoch, so a resumed job replays the same worker seeds.
+        dataloader.generator.manual_seed(progress.data_seed + progress.epoch)
+        return train_set.drop_replayed(dataloader)
 
     @main_process_only
     def _log_step(self, stats: EpochStats, out: dict, loss: float, lr: float, grad_norm: float) -> None:
