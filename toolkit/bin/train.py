@@ -49,7 +49,9 @@ from toolkit.distributed.shared_dir import check_shared_dir
 from toolkit.engine import ENGINE_CHOICES, Engine, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.compile import compile_blocks
-from toolkit.engine.executor import Executor, data_signature, require_utterances
+from toolkit.engine.executor import Executor
+from toolkit.engine.position import data_signature
+from toolkit.engine.stats import require_utterances
 from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS

@@ -23,9 +23,9 @@ decoding consume it)::
 
 A part whose every remaining sample was skipped yields one batch with B=0 (``feats`` of shape ``(0, 0, D)``,
 ``target`` of shape ``(0, 0)``) so that its skip counts are not lost; consumers must read ``num_skipped`` and
-then skip B=0 batches. In an epoch resumed with :meth:`AsrDataset.set_epoch` ``consumed``, each batch the
-checkpoint already accounted for comes back as ``{"replayed": True}`` alone, so that the DataLoader's round robin
-over its workers replays the interrupted run's order; consumers drop these.
+then skip B=0 batches. In an epoch resumed with :meth:`AsrDataset.resume_epoch`, each batch the checkpoint
+already read comes back as ``{"replayed": True}`` alone, so that the DataLoader's round robin over its workers
+replays the interrupted run's order; consumers drop these (:meth:`AsrDataset.drop_replayed`).
 
 Skip reasons: ``bad_line``, ``missing_audio``, ``unreadable_audio``, ``empty_audio``, ``non_finite_audio``,
 ``empty_text``, ``all_unknown``, ``unknown_token``, ``too_short``, ``too_long``, ``too_few_tokens``,
@@ -42,7 +42,7 @@ import functools
 import logging
 import random
 from collections import Counter
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -160,16 +160,30 @@ class AsrDataset(IterableDataset):
         same for every world size (a mid-epoch position holds on any)."""
         return self.mode == "train" and planning.planned_batching(self.conf)
 
-    def set_epoch(self, epoch: int, consumed: Optional[Dict[int, Tuple[int, bool]]] = None) -> None:
-        """Select the shuffling/augmentation seed for the next pass (call before each epoch).
+    # The resume protocol (toolkit.engine.position.ResumableDataset): the training executor calls these four.
 
-        ``consumed``, for an epoch resumed inside: ``{part: (batches, done)}``, the first ``batches`` batches of
-        each part the checkpoint accounted for, ``done`` when they were all of the part's (see the ``position``
-        of a batch). Those batches come back as ``{"replayed": True}``; a done part is not read at all.
-        """
+    def set_seed(self, seed: int) -> None:
+        """Shuffle and augment every later pass with ``seed`` (a resumed run keeps its checkpoint's)."""
+        self.seed = seed
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass reads epoch ``epoch`` (its order and augmentation seeded by ``seed`` and ``epoch``) from its
+        start; call it before each epoch."""
+        self.resume_epoch(epoch, {})
+
+    def resume_epoch(self, epoch: int, batches_read: Dict[int, Tuple[int, bool]]) -> None:
+        """The next pass reads epoch ``epoch`` without the batches a checkpoint inside it had read:
+        ``batches_read`` is ``{part: (batches, done)}``, the first ``batches`` batches of each part, ``done`` when
+        they were all of the part's (see the ``position`` of a batch). Those batches come back as
+        ``{"replayed": True}`` (:meth:`drop_replayed` removes them); a done part is not read at all."""
         self.epoch = epoch
         self._passes_since_set_epoch = 0
-        self._consumed = dict(consumed or {})
+        self._consumed = dict(batches_read)
+
+    @staticmethod
+    def drop_replayed(batches: Iterable[dict]) -> Iterator[dict]:
+        """``batches`` from a loader over this dataset without the placeholders of :meth:`resume_epoch`."""
+        return (batch for batch in batches if "replayed" not in batch)
 
     def parts(self, epoch: int, num_workers: int) -> List[Tuple[List[int], int]]:
         """The parts of ``epoch`` in order: ``(line indices, global worker reading it)`` (``num_workers`` 0 counts

@@ -12,7 +12,8 @@ from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.join import FlagJoin
 from toolkit.engine.checkpointer import Checkpointer
-from toolkit.engine.executor import Executor, data_signature
+from toolkit.engine.executor import Executor
+from toolkit.engine.position import data_signature
 from toolkit.engine.train_conf import resolve_train_conf
 from toolkit.text.tokenizer import CharTokenizer
 

@@ -299,8 +299,8 @@ def epoch_batches(data_list, tokenizer, world_size, num_workers, consumed=None, 
     per_rank, skipped = [], Counter()
     for rank in range(world_size):
         dataset = build_dataset(data_list, tokenizer, conf, rank=rank, world_size=world_size)
-        dataset.set_epoch(epoch, consumed)
-        per_rank.append([batch for batch in build_dataloader(dataset) if "replayed" not in batch])
+        dataset.resume_epoch(epoch, consumed or {})
+        per_rank.append(list(dataset.drop_replayed(build_dataloader(dataset))))
         for batch in per_rank[-1]:
             skipped.update(batch["num_skipped"])
     return per_rank, skipped

@@ -11,7 +11,8 @@ import torch
 
 from toolkit.engine import init_engine
 from toolkit.engine.checkpointer import Checkpointer, checkpoints_to_delete, rank_by_cv_loss
-from toolkit.engine.executor import EpochPosition, EpochStats, RunningEpochStats, TrainProgress
+from toolkit.engine.position import EpochPosition, TrainProgress
+from toolkit.engine.stats import EpochStats, RunningEpochStats
 from toolkit.utils.checkpoint import EXTRA_KEY, delete_checkpoint, load_checkpoint, save_checkpoint
 from toolkit.engine.train_conf import resolve_train_conf
 from toolkit.utils.config_parsing import ConfigError
@@ -114,12 +115,12 @@ def test_a_resharded_per_rank_state_merges_every_saved_rank(one_rank, tmp_path, 
     engine = make_engine(one_rank)
     path = str(tmp_path / "step_1.pt")
     saved = []
-    for num_utts, skipped, chunks in ((3, {"too_long": 1}, {0: (2, True), 2: (1, False)}),
-                                      (4, {"too_long": 2, "empty_text": 1}, {0: (1, False), 1: (1, False)})):
+    for num_utts, skipped, batches_read in ((3, {"too_long": 1}, {0: (2, True), 2: (1, False)}),
+                                            (4, {"too_long": 2, "empty_text": 1}, {0: (1, False), 1: (1, False)})):
         running = RunningEpochStats()
         running.stats = EpochStats(num_batches=1, num_utts=num_utts, loss_sum=num_utts / 2, skipped_steps=1)
         running.stats.skipped.update(skipped)
-        saved.append((running.state_dict(), {"chunks": chunks}))
+        saved.append((running.state_dict(), {"batches_read": batches_read}))
     state = engine.state_dict()
     state[EXTRA_KEY] = {"main": {}, "per_rank": {"epoch_stats": [s for s, _ in saved],
                                                  "epoch_position": [p for _, p in saved]}, "world_size": 2}
@@ -131,13 +132,13 @@ def test_a_resharded_per_rank_state_merges_every_saved_rank(one_rank, tmp_path, 
     with caplog.at_level(logging.INFO):
         assert checkpointer.load(path) == ["epoch_stats", "epoch_position"]
     assert "epoch_stats of 2 ranks resharded for 1" in caplog.text
-    # This one rank holds both ranks' sums (a second rank would start from zero) and every chunk either consumed (of
-    # chunk 0, which both knew of after an earlier reshard, the furthest).
+    # This one rank holds both ranks' sums (a second rank would start from zero) and every part either read (of
+    # part 0, which both knew of after an earlier reshard, the furthest).
     stats = running.stats
     assert (stats.num_batches, stats.num_utts, stats.loss_sum, stats.skipped_steps) == (2, 7, 3.5, 1)
     assert stats.skipped == {"too_long": 3, "empty_text": 1}
     assert RunningEpochStats.reshard([s for s, _ in saved], 1)["num_utts"] == 0
-    assert position.chunks == {0: (2, True), 1: (1, False), 2: (1, False)}
+    assert position.batches_read == {0: (2, True), 1: (1, False), 2: (1, False)}
 
 
 def test_minutes_interval_follows_the_clock_and_retention_deletes(one_rank, tmp_path, caplog):

@@ -1,6 +1,7 @@
 """The executor with utterances it cannot use, in one process (a one-rank gloo group) on real tiny_fsdd speech: a
 non-finite loss adds a zero gradient and is counted, a non-finite gradient skips the update and the LR step, and
-utterances the model excludes are named and counted; trained + skipped = offered throughout."""
+utterances the model excludes are named and counted; trained + skipped = offered throughout. Also the executor's side
+of the dataset's resume protocol."""
 
 import dataclasses
 import logging
@@ -17,7 +18,7 @@ from toolkit.dataset.processor import compute_fbank
 from toolkit.distributed.join import init_join
 from toolkit.engine import init_engine
 from toolkit.engine.checkpointer import Checkpointer
-from toolkit.engine.executor import EpochStats, Executor
+from toolkit.engine.executor import Executor
 from toolkit.engine.train_conf import resolve_train_conf
 from toolkit.models.transformer.ctc import min_ctc_frames
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
@@ -68,9 +69,10 @@ class FrameCTC(torch.nn.Module):
         return {"loss": loss, "excluded": excluded}
 
 
-def executor_of(ctx, model, tmp_path, accum_grad=1) -> Executor:
-    """An Executor training ``model`` under torch_ddp (Adam, lr 0.01, 2 warm-up steps), 10 ms frames."""
-    conf = resolve_train_conf({"accum_grad": accum_grad, "log_interval": 1})
+def executor_of(ctx, model, tmp_path, accum_grad=1, seed=777) -> Executor:
+    """An Executor training ``model`` under torch_ddp (Adam, lr 0.01, 2 warm-up steps), 10 ms frames, data seed
+    ``seed``."""
+    conf = resolve_train_conf({"accum_grad": accum_grad, "log_interval": 1, "seed": seed})
     optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), "adam", {"lr": 0.01}, "warmuplr",
                                                         {"warmup_steps": 2})
     engine = init_engine("torch_ddp", ctx, conf, find_unused_parameters=False)
@@ -160,11 +162,52 @@ def test_cross_validation_leaves_a_non_finite_batch_out_and_counts_it(one_rank, 
     assert "cross-validation: loss nan is not finite" in caplog.text
 
 
-def test_epoch_stats_keep_trained_plus_skipped_equal_to_offered():
-    stats = EpochStats()
-    batch = {"keys": ["a", "b", "c"], "feats_lengths": torch.tensor([100, 100, 100]), "num_skipped": {"too_short": 2}}
-    stats.add(batch, 2.0, 0.01, torch.tensor([False, True, False]))
-    stats.add(dict(batch, num_skipped={}), math.inf, 0.01)
-    assert stats.num_utts == 2 and stats.loss_sum == 4.0 and stats.loss == 2.0
-    assert dict(stats.skipped) == {"too_short": 2, "too_few_encoder_frames": 1, "non_finite_loss": 3}
-    assert stats.num_utts + sum(stats.skipped.values()) == 3 + 2 + 3
+class RecordingSet:
+    """A ResumableDataset whose loader is given: records what the executor asks of it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def set_seed(self, seed):
+        self.calls.append(("set_seed", seed))
+
+    def set_epoch(self, epoch):
+        self.calls.append(("set_epoch", epoch))
+
+    def resume_epoch(self, epoch, batches_read):
+        self.calls.append(("resume_epoch", epoch, dict(batches_read)))
+
+    def drop_replayed(self, batches):
+        return (batch for batch in batches if "replayed" not in batch)
+
+
+class Loader(list):
+    """Batches with the DataLoader's own ``generator``."""
+
+    def __init__(self, batches):
+        super().__init__(batches)
+        self.generator = torch.Generator()
+
+
+def test_the_executor_moves_the_set_through_epochs_and_resumes_it(one_rank, tmp_path, caplog):
+    first, second = dict(batch_of(GOOD), position=[0, 0, False]), dict(batch_of(OTHER), position=[0, 1, True])
+    executor = executor_of(one_rank, FrameCTC(), tmp_path)
+    train_set, loader = RecordingSet(), Loader([first, {"replayed": True}, second])
+    stats = executor.train(loader, train_set)
+    assert train_set.calls == [("set_epoch", 0)] and loader.generator.initial_seed() == 777  # seed + epoch 0
+    assert stats.num_batches == 2 and executor.position.batches_read == {0: (2, True)}  # the placeholder dropped
+
+    executor.progress.batches_in_epoch = 1  # as a checkpoint after the first batch says
+    executor.position.batches_read = {0: (1, False)}
+    executor.train(Loader([{"replayed": True}, second]), train_set)
+    assert train_set.calls[-1] == ("resume_epoch", 0, {0: (1, False)})
+    assert executor.position.batches_read == {0: (2, True)} and executor.progress.step == 3
+    path = executor.checkpointer.save("step_3", {"epoch": 0, "step": 3})
+    executor.join.close()
+
+    other_seed = executor_of(one_rank, FrameCTC(), tmp_path / "resumed", seed=5)
+    with caplog.at_level(logging.WARNING):
+        other_seed.resume(path, train_set)
+    other_seed.join.close()
+    assert train_set.calls[-1] == ("set_seed", 777) and other_seed.progress.data_seed == 777
+    assert "trained with data seed 777, the config says 5: keeping the checkpoint's" in caplog.text
