@@ -9,8 +9,9 @@ import torch
 
 from toolkit.bin.train import main
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-CONF = os.path.join(REPO, "examples", "english", "s0", "conf", "train_tiny.yaml")
+from test.helpers import REPO_ROOT
+
+CONF = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf", "train_tiny.yaml")
 
 
 def test_it_prints_max_epoch_gpus_and_whether_a_mode_uses_the_lm(tmp_path, capsys, monkeypatch):

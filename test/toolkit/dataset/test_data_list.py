@@ -1,11 +1,12 @@
 """Reading a data.list outside the pipeline (toolkit/dataset/data_list.py)."""
 import json
-from pathlib import Path
 
 from toolkit.dataset.data_list import make_raw_list, read_transcripts
 from toolkit.dataset.shard import write_shard
 
-FSDD = Path(__file__).resolve().parents[3] / "corpora/tiny_fsdd"
+from test.helpers import REPO_ROOT
+
+FSDD = REPO_ROOT / "corpora/tiny_fsdd"
 
 
 def test_read_transcripts_in_input_order_raw_and_shard(tmp_path):

@@ -7,12 +7,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.dataset.data_list import make_raw_list, write_raw_list
 
-FSDD = Path(__file__).resolve().parents[3] / "corpora/tiny_fsdd"
+from test.helpers import REPO_ROOT
+
+FSDD = REPO_ROOT / "corpora/tiny_fsdd"
 
 
 def fsdd_list(folder: Path, num_lines: int):

@@ -3,7 +3,6 @@ shares of an epoch that is not planned."""
 import hashlib
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import yaml
@@ -12,7 +11,8 @@ from toolkit.dataset import build_dataset, resolve_dataset_conf
 from toolkit.dataset.data_list import make_raw_list, write_raw_list
 from toolkit.dataset.planning import deal_batches, plan_batches
 
-ROOT = Path(__file__).resolve().parents[3]
+from test.helpers import REPO_ROOT
+
 
 
 def test_planned_batches_are_sorted_runs_and_the_dealing_evens_out_the_ranks():
@@ -54,7 +54,8 @@ def test_planned_batches_are_sorted_runs_and_the_dealing_evens_out_the_ranks():
     assert all(len({frames[i] > 50 for i in b}) == 1 for b in planned) and sorted(sum(planned, [])) == list(range(10))
 
 
-RECIPE = yaml.safe_load(open(ROOT / "examples/english/s0/conf/train_conformer.yaml", encoding="utf-8"))["dataset_conf"]
+RECIPE = yaml.safe_load(open(REPO_ROOT / "examples/english/s0/conf/train_conformer.yaml",
+                             encoding="utf-8"))["dataset_conf"]
 CONFS = {"recipe": RECIPE,
          "bucket": {**RECIPE, "batch_conf": {"batch_type": "bucket", "bucket_boundaries": [300, 600],
                                              "bucket_batch_sizes": [32, 16, 8]}},
@@ -85,8 +86,9 @@ def data_lists(tmp_path_factory):
     for name, corpora in (("recipe", ["speechocean762", "kathleen", "ljspeech", "fsdd"]), ("tiny_fsdd", ["tiny_fsdd"])):
         entries = []
         for corpus in corpora:
-            split = ROOT / "corpora" / corpus / "data" / "train"
-            entries += make_raw_list(str(split / "wav.scp"), str(split / "text"), str(ROOT / "corpora" / corpus))[0]
+            split = REPO_ROOT / "corpora" / corpus / "data" / "train"
+            entries += make_raw_list(str(split / "wav.scp"), str(split / "text"),
+                                     str(REPO_ROOT / "corpora" / corpus))[0]
         lists[name] = str(folder / f"{name}.list")
         write_raw_list(sorted(entries, key=lambda entry: entry["key"].encode()), lists[name])
     return lists
