@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.dataset.data_list import make_raw_list, write_raw_list
