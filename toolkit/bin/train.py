@@ -46,7 +46,7 @@ from toolkit.distributed.context import DistContext, destroy_distributed, init_d
 from toolkit.distributed.join import init_join
 from toolkit.distributed.main_only import main_process_only, run_on_main
 from toolkit.distributed.shared_dir import check_shared_dir
-from toolkit.engine import ENGINE_CHOICES, Engine, init_engine
+from toolkit.engine import ENGINE_CHOICES, Engine, check_engine_args, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.compile import compile_blocks
 from toolkit.engine.executor import Executor
@@ -109,8 +109,13 @@ def check_only(args: argparse.Namespace) -> None:
     """``--check_only``: what a run would refuse late, refused before any rank or file exists, in one process start
     (importing torch takes seconds): the config with its overrides (read as step 1 of :func:`main` reads it, the
     optimizer and LR scheduler built as step 5 builds them, on a stand-in parameter; ``max_steps``: any count where
-    the trainer will count one) and the decoding modes the model will be decoded with (the model's own list).
+    the trainer will count one), ``--train_engine`` with ``--deepspeed_config`` and the decoding modes the model will
+    be decoded with (the model's own list).
     Prints ``MAX_EPOCH GPUS LM_USED``; an error is one line on stderr and exit status 1."""
+    try:
+        check_engine_args(args.train_engine, args.deepspeed_config)
+    except ConfigError as e:
+        sys.exit(str(e))
     lm_used = 0
     if args.decode_modes is not None:
         modes = args.decode_modes.split()

@@ -11,7 +11,14 @@ from toolkit.utils.config_parsing import ConfigError
 
 ENGINE_CHOICES = ("torch_ddp", "deepspeed")
 
-__all__ = ["ENGINE_CHOICES", "Engine", "init_engine"]
+__all__ = ["ENGINE_CHOICES", "Engine", "check_engine_args", "init_engine"]
+
+
+def check_engine_args(train_engine: str, deepspeed_config: str | None) -> None:
+    """Raises ConfigError unless ``--deepspeed_config`` is given exactly when ``--train_engine`` is ``deepspeed``."""
+    if (train_engine == "deepspeed") != (deepspeed_config is not None):
+        raise ConfigError("--deepspeed_config goes with --train_engine deepspeed, and only with it "
+                          f"(got --train_engine {train_engine}, --deepspeed_config {deepspeed_config})")
 
 
 def init_engine(train_engine: str, ctx: DistContext, train_conf: TrainConf, find_unused_parameters: bool,
@@ -32,9 +39,7 @@ def init_engine(train_engine: str, ctx: DistContext, train_conf: TrainConf, find
     """
     if train_engine not in ENGINE_CHOICES:
         raise ValueError(f"--train_engine {train_engine!r} is not one of {list(ENGINE_CHOICES)}")
-    if (train_engine == "deepspeed") != (deepspeed_config is not None):
-        raise ConfigError("--deepspeed_config goes with --train_engine deepspeed, and only with it "
-                          f"(got --train_engine {train_engine}, --deepspeed_config {deepspeed_config})")
+    check_engine_args(train_engine, deepspeed_config)
     if train_engine == "deepspeed":
         ds_config = check_deepspeed_config(load_deepspeed_config(deepspeed_config), train_conf, micro_batch_size,
                                            deepspeed_config)

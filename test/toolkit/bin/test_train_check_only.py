@@ -29,6 +29,8 @@ def test_it_prints_max_epoch_gpus_and_whether_a_mode_uses_the_lm(tmp_path, capsy
     (["--decode_modes", " "], "--decode_modes: unknown mode(s) []"),
     (["--config", CONF, "--override_config", "scheduler_conf {warmup_steps: 2.5}"],
      "--config/--override_config: scheduler_conf: warmup_steps must be an integer"),
+    (["--train_engine", "deepspeed"], "--deepspeed_config goes with --train_engine deepspeed, and only with it"),
+    (["--deepspeed_config", "conf/ds_stage2.json"], "--deepspeed_config goes with --train_engine deepspeed"),
 ])
 def test_an_error_is_one_line_and_exit_status_1(args, message):
     with pytest.raises(SystemExit) as stop:
