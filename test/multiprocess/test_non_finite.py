@@ -41,7 +41,7 @@ def ddp(tmp_path_factory):
     return train(tmp_path_factory.mktemp("ddp"))
 
 
-def check_run(reports, stderr):
+def assert_skips_only_the_bad_micro_batch(reports, stderr):
     for rank, report in enumerate(reports):
         assert report["steps"] == 4 and report["skipped_steps"] == 1
         # 3 updates applied: the NaN step was not lost, the overflow step was, and the LR schedule counts updates.
@@ -56,13 +56,13 @@ def check_run(reports, stderr):
 
 
 def test_torch_ddp_skips_only_the_bad_micro_batch_and_the_overflowed_step(ddp):
-    check_run(*ddp)
+    assert_skips_only_the_bad_micro_batch(*ddp)
 
 
 @pytest.mark.parametrize("stage", [0, 2])
 def test_deepspeed_agrees_with_torch_ddp(ddp, tmp_path, stage):
     reports, stderr = train(tmp_path, "--engine", "deepspeed", "--stage", str(stage))
-    check_run(reports, stderr)
+    assert_skips_only_the_bad_micro_batch(reports, stderr)
     for rank in range(2):
         expected = ddp[0][rank]
         assert reports[rank]["lr"] == expected["lr"]
