@@ -2,7 +2,8 @@
 """Word (or character) error rate between Kaldi-style ``key words...`` reference and hypothesis files.
 
 A thin command line over :mod:`toolkit.utils.metrics` (the scorer ``toolkit.bin.recognize`` uses inside the
-decoding job, so both give the same counts): Levenshtein alignment by jiwer, whitespace-normalised; with --cer
+decoding job, so both give the same counts): Levenshtein alignment by jiwer, whitespace- and Unicode-normalised
+(NFC: ``É`` precomposed or as ``E`` + combining accent is the same letter); with --cer
 the single space between words counts as a character. Keys of the reference missing from the hypothesis are
 scored as all deletions and reported; hypothesis keys absent from the reference are reported and ignored.
 
@@ -32,7 +33,7 @@ def main(argv=None) -> None:
     parser.add_argument("--per_utt", help="write per-utterance 'key N C S D I' lines here")
     args = parser.parse_args(argv)
     try:
-        ref, hyp = read_table(args.ref), read_table(args.hyp)
+        ref, hyp = read_table(args.ref, text=True), read_table(args.hyp, text=True)
     except OSError as e:
         sys.exit(f"compute_wer.py: cannot read {e.filename}: {e.strerror}")
     except ValueError as e:

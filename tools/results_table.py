@@ -22,9 +22,9 @@ def table(data: str, exp_dir: str, test_sets: list, modes: list) -> list:
     :func:`toolkit.utils.metrics.score`)."""
     rows = []
     for test_set in test_sets:
-        ref = read_table(os.path.join(data, test_set, "text"))
+        ref = read_table(os.path.join(data, test_set, "text"), text=True)
         for mode in modes:
-            hyp = read_table(os.path.join(exp_dir, test_set, mode, "text"))
+            hyp = read_table(os.path.join(exp_dir, test_set, mode, "text"), text=True)
             rows.append((test_set, mode, len(ref), score(ref, hyp, "word"), score(ref, hyp, "char")))
     return rows
 

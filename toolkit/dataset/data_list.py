@@ -34,7 +34,7 @@ def make_raw_list(wav_scp: str, text: str, wav_root: Optional[str] = None) -> Tu
         in only one of the two files.
     """
     wavs = read_table(wav_scp)
-    texts = read_table(text)
+    texts = read_table(text, text=True)
     entries = []
     for key, wav in wavs.items():
         if key in texts:

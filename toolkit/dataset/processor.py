@@ -31,6 +31,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from toolkit.text.tokenizer import WORD_BOUNDARY
 from toolkit.utils.common import IGNORE_ID, UNK_ID
+from toolkit.utils.unicode_text import normalize_unicode
 
 if TYPE_CHECKING:
     from lhotse.features.kaldi.extractors import Fbank
@@ -67,8 +68,8 @@ def parse_raw(sample: dict) -> dict:
     """Parse one data.list JSON line.
 
     Reads ``line`` (str, ``{"key": ..., "wav": ..., "txt": ...}`` with optional ``"start"``/``"end"`` in
-    seconds for a segment of a longer file); writes ``key``, ``wav``, ``txt`` and, when given, ``start``
-    and ``end`` (float seconds).
+    seconds for a segment of a longer file); writes ``key``, ``wav``, ``txt`` (Unicode NFC,
+    :func:`toolkit.utils.unicode_text.normalize_unicode`) and, when given, ``start`` and ``end`` (float seconds).
 
     Raises:
         SkipSample: ``bad_line`` when the line is not a JSON object with string key/wav/txt, or start/end
@@ -80,7 +81,7 @@ def parse_raw(sample: dict) -> dict:
         raise SkipSample("bad_line", f"not JSON ({err})") from err
     if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("key", "wav", "txt")):
         raise SkipSample("bad_line", "expected string fields key, wav, txt")
-    out = {"key": obj["key"], "wav": obj["wav"], "txt": obj["txt"]}
+    out = {"key": obj["key"], "wav": obj["wav"], "txt": normalize_unicode(obj["txt"])}
     if "start" in obj or "end" in obj:
         start, end = obj.get("start", 0.0), obj.get("end")
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (start, end))

@@ -4,7 +4,7 @@ utterance.
 A shard is a plain POSIX tar (written by :func:`write_shard`, driven by ``tools/make_shard_list.py``) whose
 members come in adjacent pairs, one pair per utterance::
 
-    <key>.txt     UTF-8 transcript
+    <key>.txt     UTF-8 transcript (read back Unicode-normalised, NFC)
     <key>.<ext>   encoded audio: the source file's bytes as they are (ext wav, flac, opus, ...), or the audio
                   re-encoded as 16-bit FLAC or WAV (``audio_format``; always for a segment, ``start``/``end``
                   in the raw line, which is cut first and stored as FLAC unless WAV is asked for)
@@ -42,6 +42,7 @@ from typing import Iterable, Iterator, List, Optional, Tuple
 import soundfile as sf
 
 from toolkit.dataset.processor import SkipSample, read_audio
+from toolkit.utils.unicode_text import normalize_unicode
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ def _utterance(path: str, key: str, members: dict, num_skipped: Counter) -> Iter
               f"{path} has members {sorted(members)} for it; expected {TRANSCRIPT_EXT} and one audio member")
         return
     try:
-        txt = members[TRANSCRIPT_EXT].decode("utf-8")
+        txt = normalize_unicode(members[TRANSCRIPT_EXT].decode("utf-8"))
     except UnicodeDecodeError as err:
         _skip(num_skipped, "corrupt_member", f"utterance {key}", f"{path}: transcript is not UTF-8 ({err})")
         return
@@ -287,7 +288,7 @@ def read_shard_transcripts(path: str) -> List[Tuple[str, str]]:
                 key, _, ext = member.name.rpartition(".")
                 if member.isfile() and ext == TRANSCRIPT_EXT:
                     try:
-                        pairs.append((key, tar.extractfile(member).read().decode("utf-8")))
+                        pairs.append((key, normalize_unicode(tar.extractfile(member).read().decode("utf-8"))))
                     except UnicodeDecodeError:
                         continue
     except (tarfile.TarError, OSError, EOFError):

@@ -5,6 +5,8 @@ from typing import Iterable
 
 import wordfreq
 
+from toolkit.utils.unicode_text import normalize_unicode
+
 
 def common_words(count: int, alphabet: Iterable[str], upper: bool, language: str = "en") -> dict[str, float]:
     """The ``count`` most frequent words of ``language`` (its wordfreq "large" list) that ``alphabet`` spells, with
@@ -16,7 +18,7 @@ def common_words(count: int, alphabet: Iterable[str], upper: bool, language: str
         upper: upper-case the list's (lower-case) words first, for upper-case transcripts.
 
     Returns:
-        ``{word: frequency}`` (frequency per word of running text, > 0), most frequent first.
+        ``{word: frequency}`` (frequency per word of running text, > 0), most frequent first; words in Unicode NFC.
 
     Raises:
         ValueError: ``count`` < 1.
@@ -27,7 +29,7 @@ def common_words(count: int, alphabet: Iterable[str], upper: bool, language: str
     allowed = set(alphabet)
     words: dict[str, float] = {}
     for word in wordfreq.iter_wordlist(language, wordlist="large"):
-        spelt = word.upper() if upper else word
+        spelt = normalize_unicode(word.upper() if upper else word)
         if set(spelt) <= allowed and spelt not in words:
             words[spelt] = wordfreq.word_frequency(word, language, wordlist="large")
             if len(words) == count:

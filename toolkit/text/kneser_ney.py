@@ -28,6 +28,7 @@ from toolkit.text.common_words import common_words
 from toolkit.text.ngram_lm import BOS, EOS, MAX_ORDER, MIN_ORDER
 from toolkit.text.tokenizer import UNK
 from toolkit.utils.checkpoint import atomic_write
+from toolkit.utils.unicode_text import normalize_unicode
 
 # Used, with a warning, where an order's counts of counts cannot give the modified Kneser-Ney discounts (too
 # little text; lmplz's --discount_fallback takes the same values).
@@ -149,7 +150,8 @@ def _base_distribution(unigrams: dict, prior: Mapping[str, float] | None) -> dic
 def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_word_count: int = 0,
                           spelling: bool = False) -> dict[str, int]:
     """Estimate the model (:func:`kneser_ney_arpa`) from the transcripts of a Kaldi ``text`` file
-    (``key word word ...`` per line; the key is dropped) and write it atomically to ``arpa_path``. With
+    (``key word word ...`` per line; the key is dropped; the text Unicode-normalised to NFC, as everywhere in the
+    toolkit, :mod:`toolkit.utils.unicode_text`) and write it atomically to ``arpa_path``. With
     ``common_word_count`` > 0 the unigrams' prior is that many English words
     (:func:`toolkit.text.common_words.common_words`), spelt with the transcripts' characters and upper-cased when
     the transcripts hold no lower-case letter.
@@ -168,7 +170,7 @@ def write_kneser_ney_arpa(text_file: str, arpa_path: str, order: int, common_wor
         OSError: ``text_file`` cannot be read or ``arpa_path`` written.
     """
     with open(text_file, encoding="utf-8") as f:
-        sentences = [line.split()[1:] for line in f]
+        sentences = [normalize_unicode(line).split()[1:] for line in f]
     prior = None
     if common_word_count:
         alphabet = {c for words in sentences for w in words if w != UNK for c in w}

@@ -12,6 +12,7 @@ from typing import NamedTuple, Sequence
 import kenlm
 
 from toolkit.text.tokenizer import SPECIAL_SYMBOLS, UNK, WORD_BOUNDARY
+from toolkit.utils.unicode_text import NORMAL_FORM, is_normalized, normalize_unicode
 
 BOS, EOS = "<s>", "</s>"
 # KenLM loads orders 2..KENLM_MAX_ORDER; PyPI's kenlm is built with 6.
@@ -66,7 +67,8 @@ class WordNgramLM:
     A hypothesis' LM score is ``weight * ln P(w1 .. wk </s>) + word_bonus * k + oov_penalty * (OOV words)``
     (natural log). A word is the units from one token starting with ``▁`` (char ``▁`` or SentencePiece ``▁X``) up to
     the next; it is scored once it is complete, when the next word starts or the hypothesis ends. Units are joined
-    without ``▁``; a word missing from the LM's vocabulary (one holding ``<unk>`` too) scores as ``<unk>``, plus
+    without ``▁`` (and NFC-normalised, :mod:`toolkit.utils.unicode_text`: an ARPA file whose words are not NFC is
+    refused, ``ValueError``); a word missing from the LM's vocabulary (one holding ``<unk>`` too) scores as ``<unk>``, plus
     ``oov_penalty``. A prefix whose open word already begins no word of the LM competes with the penalty added from
     then on, so that misspellings leave the beam before they end (as pyctcdecode's partial-word score does), and
     ending such a word early gains nothing.
@@ -90,7 +92,7 @@ class WordNgramLM:
         OSError: KenLM cannot read ``path`` or ``spelling_path``.
         ValueError: a weight out of range or not finite; ``oov_penalty`` is not 0 or ``spelling_path`` is given,
             and ``path`` is not an ARPA file (its vocabulary is needed); most of the LM's words cannot be spelt with
-            the units (an LM of text in another case or script).
+            the units (an LM of text in another case or script); an ARPA word is not in Unicode NFC.
     """
 
     def __init__(self, path: str, id_to_symbol: dict[int, str], weight: float, word_bonus: float,
@@ -112,6 +114,11 @@ class WordNgramLM:
             if oov_penalty or spelling_path:
                 raise
             self.vocabulary = set()  # a KenLM binary: its words are not checked
+        not_normal = sorted(w for w in self.vocabulary if not is_normalized(w))
+        if not_normal:
+            raise ValueError(f"{len(not_normal)} of the LM's words are not in Unicode {NORMAL_FORM} (e.g. "
+                             f"{not_normal[0]!r}), the form of the hypotheses, so they would never match: build the LM "
+                             f"with tools/train_ngram_lm.py, or normalise its text to {NORMAL_FORM}")
         letters = {c for unit in id_to_symbol.values() if unit not in SPECIAL_SYMBOLS for c in unit} - {WORD_BOUNDARY}
         unspellable = sorted(w for w in self.vocabulary if not set(w) <= letters)
         if len(unspellable) > len(self.vocabulary) / 2:
@@ -126,7 +133,7 @@ class WordNgramLM:
         return LN_10 * self.model.BaseScore(state, word, out), out
 
     def _word(self, prefix: Sequence[int], start: int) -> str:
-        return "".join(self.units[i] for i in prefix[start:]).replace(WORD_BOUNDARY, "")
+        return normalize_unicode("".join(self.units[i] for i in prefix[start:]).replace(WORD_BOUNDARY, ""))
 
     def _close_word(self, part: LMPart, prefix: Sequence[int]) -> tuple[float, kenlm.State]:
         """Fused score and state after the open word of ``part``; no change when it spells no character."""

@@ -11,7 +11,9 @@ Symbol table format (one ``symbol id`` pair per line, ids contiguous from 0)::
 Two tokenizers share it: :class:`CharTokenizer` (one unit per character, the word boundary is the unit
 ``"▁"`` as in SentencePiece, Kudo & Richardson 2018) and :class:`BpeTokenizer` (SentencePiece pieces, which
 carry the same ``"▁"`` word-boundary marker). Both return ``<unk>`` (id 1) for units missing from the table;
-no case folding is done, so the text must be in the case the table was built from.
+no case folding is done, so the text must be in the case the table was built from. Both take text in any Unicode
+normal form: it is normalised to NFC first (:func:`toolkit.utils.unicode_text.normalize_unicode`), as the tools that
+build the tables do, and text from ids comes back in NFC too.
 
 The special symbols are atomic: a literal ``<unk>`` in a transcript (Kaldi corpora use it for an unintelligible
 word) is one unit with the unk id, never the characters ``< u n k >``; a literal ``<blank>`` or ``<sos/eos>`` is one
@@ -21,7 +23,7 @@ unit that also maps to the unk id, because those ids must never be a target. ``t
 A table that cannot be right is refused with a :class:`~toolkit.utils.config_parsing.ConfigError` (one line naming the
 file and line, and what to do): a malformed line, a repeated symbol or id, a missing id, the special symbols out of
 place, a BPE table that is not the SentencePiece model's, or (:func:`check_model_fits_table`) a table whose size is
-not the model's output dimension.
+not the model's output dimension, or a symbol not in Unicode NFC (normalised text would never reach it).
 """
 import inspect
 import re
@@ -31,6 +33,7 @@ import sentencepiece as spm
 
 from toolkit.utils.common import BLANK_ID, UNK_ID
 from toolkit.utils.config_parsing import ConfigError
+from toolkit.utils.unicode_text import NORMAL_FORM, is_normalized, normalize_unicode
 
 WORD_BOUNDARY = "\u2581"  # "▁", SentencePiece's whitespace marker
 BLANK = "<blank>"
@@ -51,8 +54,8 @@ def read_symbol_table(path: str) -> Dict[str, int]:
 
     Raises:
         ConfigError: (a ValueError) the file is missing, a line is not ``symbol id``, a symbol or an id repeats,
-            ids are not exactly 0..N-1, or ``<blank>``/``<unk>``/``<sos/eos>`` are not at ids 0, 1 and N-1; the
-            message names the file and line.
+            ids are not exactly 0..N-1, ``<blank>``/``<unk>``/``<sos/eos>`` are not at ids 0, 1 and N-1, or a symbol
+            is not in Unicode NFC (a table built from decomposed text); the message names the file and line.
         OSError: the file cannot be read.
     """
     table: Dict[str, int] = {}
@@ -70,6 +73,9 @@ def read_symbol_table(path: str) -> Dict[str, int]:
         if len(parts) != 2 or not parts[1].isdigit():
             raise ConfigError(f"{path}:{line_no}: expected 'symbol id', got {line.rstrip()!r}; {_REBUILD}")
         symbol, symbol_id = parts[0], int(parts[1])
+        if not is_normalized(symbol):
+            raise ConfigError(f"{path}:{line_no}: symbol {symbol!r} is not in Unicode {NORMAL_FORM}, the form all "
+                              f"text is normalised to, so no text would map to it; {_REBUILD}")
         for seen, value, what in ((line_of_symbol, symbol, "symbol"), (line_of_id, symbol_id, "id")):
             if value in seen:
                 raise ConfigError(f"{path}:{line_no}: {what} {value!r} already on line {seen[value]}; every symbol "
@@ -153,8 +159,9 @@ def text_to_char_units(text: str) -> List[str]:
 
 
 def units_to_text(units: Iterable[str]) -> str:
-    """Join char or SentencePiece units back into space-separated words."""
-    return " ".join("".join(units).replace(WORD_BOUNDARY, " ").split())
+    """Join char or SentencePiece units back into space-separated words, in Unicode NFC (a base letter and a
+    combining mark from two units compose)."""
+    return " ".join(normalize_unicode("".join(units)).replace(WORD_BOUNDARY, " ").split())
 
 
 class _SymbolTableTokenizer:
@@ -194,9 +201,10 @@ class CharTokenizer(_SymbolTableTokenizer):
     """
 
     def tokenize(self, text: str) -> Tuple[List[str], List[int]]:
-        """``"HI YOU"`` -> ``(["H","I","▁","Y","O","U"], ids)``; unknown characters get id 1 (``<unk>``), and so
-        does a literal special symbol, as one unit."""
-        units = text_to_char_units(text)
+        """``"HI YOU"`` -> ``(["H","I","▁","Y","O","U"], ids)``, after Unicode NFC normalisation (``"E\u0301"``
+        is the one unit ``"\u00c9"``); unknown characters get id 1 (``<unk>``), and so does a literal special symbol,
+        as one unit."""
+        units = text_to_char_units(normalize_unicode(text))
         return units, self._units_to_ids(units)
 
 
@@ -243,9 +251,10 @@ class BpeTokenizer(_SymbolTableTokenizer):
         self.sp.Load(self.bpe_model)
 
     def tokenize(self, text: str) -> Tuple[List[str], List[int]]:
-        """Encode into SentencePiece pieces; pieces missing from the table get id 1 (``<unk>``), and so does a literal
-        special symbol, as one unit: ``"A <unk> B"`` -> ``["▁A", "▁", "<unk>", "▁B"]``."""
-        text = " ".join(text.split())
+        """Encode into SentencePiece pieces, after Unicode NFC normalisation; pieces missing from the table get id 1
+        (``<unk>``), and so does a literal special symbol, as one unit: ``"A <unk> B"`` -> ``["▁A", "▁", "<unk>",
+        "▁B"]``."""
+        text = " ".join(normalize_unicode(text).split())
         if not _SPECIAL_RE.search(text):
             units = self.sp.EncodeAsPieces(text)
         else:

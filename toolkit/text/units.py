@@ -2,7 +2,9 @@
 of a char symbol table, or a SentencePiece model with its symbol table (format in :mod:`toolkit.text.tokenizer`).
 
 A literal special symbol in a transcript (``<unk>``, ``<blank>``, ``<sos/eos>``) is not text: nothing is learned
-from it (the tokenizers map it to ``<unk>`` as one unit).
+from it (the tokenizers map it to ``<unk>`` as one unit). Transcripts are Unicode-normalised to NFC first
+(:func:`toolkit.utils.unicode_text.normalize_unicode`), as the tokenizers normalise what they encode, so text in
+composed and decomposed form gives the same units and no combining accent becomes a unit of its own.
 """
 
 import os
@@ -12,17 +14,27 @@ from pathlib import Path
 import sentencepiece as spm
 
 from toolkit.text.tokenizer import WORD_BOUNDARY, strip_special_symbols, text_to_char_units, write_symbol_table
+from toolkit.utils.unicode_text import normalize_unicode
+
+
+def read_transcripts(text_file: str) -> list:
+    """The transcripts of a Kaldi ``text`` file (keys and lines without a transcript dropped), NFC-normalised and
+    with special symbols replaced by a space (:func:`toolkit.text.tokenizer.strip_special_symbols`).
+
+    Raises:
+        OSError: the file cannot be read. UnicodeDecodeError: it is not UTF-8.
+    """
+    with open(text_file, encoding="utf-8") as f:
+        return [strip_special_symbols(normalize_unicode(parts[1])) for parts in (line.split(maxsplit=1) for line in f)
+                if len(parts) == 2]
 
 
 def collect_char_units(text_file: str) -> list:
     """Sorted set of char units over all transcripts of ``text_file`` (keys and special symbols excluded), plus
     ``▁``."""
     units = {WORD_BOUNDARY}
-    with open(text_file, encoding="utf-8") as f:
-        for line in f:
-            parts = line.split(maxsplit=1)
-            if len(parts) == 2:
-                units.update(text_to_char_units(strip_special_symbols(parts[1])))
+    for transcript in read_transcripts(text_file):
+        units.update(text_to_char_units(transcript))
     return sorted(units)
 
 
@@ -33,9 +45,7 @@ def train_sentencepiece(text_file: str, model_prefix: str, model_type: str, voca
     Raises:
         RuntimeError: SentencePiece rejects the settings (e.g. vocab_size too large for the text).
     """
-    with open(text_file, encoding="utf-8") as f:
-        transcripts = [strip_special_symbols(parts[1]) for parts in (line.split(maxsplit=1) for line in f)
-                       if len(parts) == 2]
+    transcripts = read_transcripts(text_file)
     Path(model_prefix).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".txt", delete=False) as tmp:
         tmp.write("".join(t if t.endswith("\n") else t + "\n" for t in transcripts))
@@ -43,7 +53,11 @@ def train_sentencepiece(text_file: str, model_prefix: str, model_type: str, voca
         # Only <unk> is kept as a SentencePiece special piece: <blank> and <sos/eos> live in our table.
         spm.SentencePieceTrainer.Train(
             input=tmp.name, model_prefix=model_prefix, model_type=model_type, vocab_size=vocab_size,
-            character_coverage=1.0, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, minloglevel=2)
+            character_coverage=1.0, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, minloglevel=2,
+            # NOTE: the text is NFC already; SentencePiece's default rule (nmt_nfkc) would fold compatibility
+            # characters too, so that the model's text and the scorer's differ (https://github.com/google/
+            # sentencepiece/blob/master/doc/normalization.md)
+            normalization_rule_name="identity")
     finally:
         os.unlink(tmp.name)
     sp = spm.SentencePieceProcessor()

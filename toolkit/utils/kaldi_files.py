@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from toolkit.utils.unicode_text import normalize_unicode
 
-def read_table(path: str) -> dict[str, str]:
+
+def read_table(path: str, text: bool = False) -> dict[str, str]:
     """``key rest-of-line`` per line -> ``{key: rest}`` in file order; a key alone maps to ``""`` (an empty
-    transcript). Blank lines are skipped.
+    transcript). Blank lines are skipped. With ``text`` (a ``text`` file, or hypotheses: values are transcripts),
+    each value is Unicode-normalised (:func:`toolkit.utils.unicode_text.normalize_unicode`); keys and other values
+    (``wav.scp`` paths) are kept byte for byte.
 
     Raises:
         OSError: the file cannot be read.
@@ -23,6 +27,7 @@ def read_table(path: str) -> dict[str, str]:
                 continue
             if parts[0] in table:
                 raise ValueError(f"{path}:{number}: key {parts[0]!r} repeats line {first_line[parts[0]]}")
-            table[parts[0]] = parts[1].strip() if len(parts) == 2 else ""
+            value = parts[1].strip() if len(parts) == 2 else ""
+            table[parts[0]] = normalize_unicode(value) if text else value
             first_line[parts[0]] = number
     return table

@@ -3,7 +3,8 @@
 ``tools/compute_wer.py`` (files, offline) and ``toolkit.bin.recognize`` (in the decoding job, every rank counting
 its own utterances) both score through :func:`utterance_counts`, so the two agree to the count.
 
-Per utterance, the reference and the hypothesis are whitespace-normalised (:func:`normalize`) and aligned by
+Per utterance, the reference and the hypothesis are whitespace- and Unicode-normalised (:func:`normalize`; NFC,
+:mod:`toolkit.utils.unicode_text`, so the same words in composed and decomposed form are equal) and aligned by
 Levenshtein distance (jiwer's ``process_words``; ``process_characters`` for CER, where the single space between
 two words counts as a character). The alignment gives N reference units, C correct, S substituted, D deleted and I
 inserted units, with N = C + S + D. Counts of a corpus are sums of utterance counts, so partial sums (one per rank)
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import jiwer
+
+from toolkit.utils.unicode_text import normalize_unicode
 
 COUNT_NAMES = ("N", "C", "S", "D", "I")
 UNITS = ("word", "char")
@@ -62,8 +65,9 @@ def sum_counts(counts: Iterable[ErrorCounts]) -> ErrorCounts:
 
 
 def normalize(text: str) -> str:
-    """Collapse every run of whitespace to one space and strip the ends (so ``"A  B "`` scores as ``"A B"``)."""
-    return " ".join(text.split())
+    """Unicode NFC, every run of whitespace collapsed to one space and the ends stripped (so ``"A  B "`` scores as
+    ``"A B"``, and ``"E\u0301"`` as ``"\u00c9"``)."""
+    return " ".join(normalize_unicode(text).split())
 
 
 def _chunk_counts(chunks) -> ErrorCounts:
