@@ -7,7 +7,10 @@ Usage:
 
 ``--val_best`` picks the ``num`` checkpoints with the lowest ``cv_loss`` in their ``epoch_N.yaml``; a checkpoint
 whose ``cv_loss`` is missing, NaN or infinite never ranks (it is named in a warning). Otherwise the last ``num``
-epochs by number. Only committed checkpoints (with their YAML) are considered.
+epochs by number. Only committed checkpoints (with their YAML) are considered, each file once under its
+``epoch_N.pt`` name (:func:`toolkit.utils.checkpoint.list_checkpoints`): a second name of a checkpoint (a symbolic
+or hard link such as ``epoch_best.pt -> epoch_3.pt``) or a copy under another name never weighs twice; the log
+names the names merged or left out.
 
 Refused with one error line (exit status 2), nothing written:
 

@@ -147,7 +147,7 @@ class Checkpointer:
         return {"main": main, "per_rank": per_rank, "world_size": ctx.world_size}
 
     def _apply_retention(self, just_written: str) -> None:
-        paths = [p for prefix in RETAINED_PREFIXES for p in list_checkpoints(self.model_dir, f"{prefix}*.pt")]
+        paths = [p for prefix in RETAINED_PREFIXES for p in list_checkpoints(self.model_dir, prefix)]
         infos = {p: load_info(p) for p in paths}
         for path in checkpoints_to_delete(infos, self.keep_last_n, self.keep_best_n, just_written):
             removed = delete_checkpoint(path)

@@ -17,7 +17,9 @@ Tags: ``epoch_{N}`` after epoch N, ``step_{N}`` after optimizer step N inside an
 
 from __future__ import annotations
 
+import functools
 import glob
+import logging
 import math
 import os
 import re
@@ -129,20 +131,52 @@ def checkpoint_number(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def list_checkpoints(model_dir: str, pattern: str = "epoch_*.pt") -> list[str]:
-    """Committed checkpoints (those with their ``.yaml``) in ``model_dir`` matching ``pattern``, sorted by the number
-    in their name (use one prefix per call: ``epoch_3`` and ``step_3`` are different counters)."""
-    paths = [p for p in glob.glob(os.path.join(model_dir, pattern)) if os.path.exists(p[:-3] + ".yaml")]
-    return sorted(paths, key=checkpoint_number)
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    # NOTE: retention lists the model dir at every save; one line per process says it.
+    logging.getLogger(__name__).warning(message)
+
+
+def list_checkpoints(model_dir: str, prefix: str = "epoch_") -> list[str]:
+    """Committed checkpoints ``<prefix>N.pt`` (those with their ``.yaml``) in ``model_dir``, sorted by N, each file
+    once (use one prefix per call: ``epoch_3`` and ``step_3`` are different counters).
+
+    What averaging, retention and ``--checkpoint auto`` select from, so a file counts once whatever its names: only
+    the names the trainer writes (``<prefix>`` + a number without leading zeros) are listed, so another name (``epoch_best.pt``, a copy or
+    a link marking an epoch) is left out; and names of one file (a symbolic or a hard link: the same device and
+    inode, links followed) are listed once, under the name that is not a symbolic link (the lowest N among equals).
+    Either is logged once, naming the files.
+    """
+    scheme = re.compile(re.escape(prefix) + r"(0|[1-9][0-9]*)\.pt")
+    by_file: dict[tuple[int, int], list[str]] = {}
+    for path in sorted(glob.glob(os.path.join(glob.escape(model_dir), glob.escape(prefix) + "*.pt"))):
+        try:
+            st = os.stat(path)  # NOTE: follows a symbolic link; a dangling one is no checkpoint
+        except FileNotFoundError:
+            continue
+        if os.path.exists(path[:-3] + ".yaml"):
+            by_file.setdefault((st.st_dev, st.st_ino), []).append(path)
+    listed = []
+    for names in by_file.values():
+        in_scheme = sorted((p for p in names if scheme.fullmatch(os.path.basename(p))),
+                           key=lambda p: (os.path.islink(p), checkpoint_number(p)))
+        listed += in_scheme[:1]
+        shown = ", ".join(os.path.basename(p) for p in names) + (" (one file)" if len(names) > 1 else "")
+        if not in_scheme:
+            _warn_once(f"{model_dir}: left out {shown}: not named {prefix}N.pt as the trainer names checkpoints")
+        elif len(names) > 1:
+            _warn_once(f"{model_dir}: {shown}: counted once, as {os.path.basename(in_scheme[0])}")
+    return sorted(listed, key=checkpoint_number)
 
 
 def newest_checkpoint(model_dir: str) -> str | None:
-    """The committed ``epoch_N.pt`` or ``step_N.pt`` in ``model_dir`` that training reached last, or None.
+    """The committed ``epoch_N.pt`` or ``step_N.pt`` in ``model_dir`` that training reached last, or None (each file
+    once, as :func:`list_checkpoints` lists them).
 
     Ordered by the optimizer step in its ``.yaml``; at the same step the epoch checkpoint wins (it also holds the
     epoch's cross-validation: a step checkpoint at the epoch's last step still has that to do).
     """
-    candidates = list_checkpoints(model_dir, "epoch_*.pt") + list_checkpoints(model_dir, "step_*.pt")
+    candidates = list_checkpoints(model_dir, "epoch_") + list_checkpoints(model_dir, "step_")
     return max(candidates, key=lambda p: (load_info(p).get("step", -1), os.path.basename(p).startswith("epoch_")),
                default=None)
 

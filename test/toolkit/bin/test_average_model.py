@@ -149,3 +149,17 @@ def test_cli_error_is_one_line_and_exit_2(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert proc.returncode == 2 and len(errors) == 1 and f"key '{KEY}' is in" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "avg.pt").exists()
+
+
+@pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard_link"])
+def test_a_checkpoint_reached_under_two_names_is_averaged_once(tmp_path, link, caplog):
+    """The average-symlinked-epoch case: epoch_best.pt/.yaml as a second name of epoch_3 must not weigh twice."""
+    write_epochs(tmp_path, [4.0, 3.0, 2.0, 1.0])
+    for ext in ("pt", "yaml"):
+        link(f"epoch_3.{ext}" if link is os.symlink else tmp_path / f"epoch_3.{ext}", tmp_path / f"epoch_best.{ext}")
+    dst = str(tmp_path / "avg.pt")
+    with caplog.at_level(logging.INFO):
+        main(["--src_path", str(tmp_path), "--num", "2", "--val_best", "--dst_model", dst])
+    assert torch.equal(load_checkpoint(dst)["model"]["w"], torch.full((2,), 2.5))  # epochs 2 and 3, once each
+    assert load_info(dst)["averaged"] == [str(tmp_path / "epoch_2.pt"), str(tmp_path / "epoch_3.pt")]
+    assert "epoch_3.pt, epoch_best.pt (one file): counted once, as epoch_3.pt" in caplog.text

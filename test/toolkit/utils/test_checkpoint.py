@@ -26,6 +26,25 @@ def test_a_pt_without_its_yaml_is_an_unfinished_save(tmp_path):
         load_checkpoint(str(tmp_path / "epoch_2.pt"))
 
 
+def test_each_checkpoint_file_is_listed_once_under_its_trainer_name(tmp_path, caplog):
+    for epoch in range(4):
+        save_checkpoint(str(tmp_path / f"epoch_{epoch}.pt"), {"model": {}}, {"epoch": epoch, "step": 10 * epoch})
+    for ext in ("pt", "yaml"):
+        os.symlink(f"epoch_3.{ext}", tmp_path / f"epoch_best.{ext}")  # a second name, first in the listing
+        os.link(tmp_path / f"epoch_1.{ext}", tmp_path / f"epoch_01.{ext}")  # a hard link, also in the scheme
+        os.symlink(f"epoch_2.{ext}", tmp_path / f"epoch_9.{ext}")  # a symbolic link in the scheme
+        os.symlink(f"gone.{ext}", tmp_path / f"epoch_7.{ext}")  # dangling: no checkpoint
+    (tmp_path / "epoch_copy.pt").write_bytes((tmp_path / "epoch_0.pt").read_bytes())  # a copy under another name
+    (tmp_path / "epoch_copy.yaml").write_bytes((tmp_path / "epoch_0.yaml").read_bytes())
+    names = [os.path.basename(p) for p in list_checkpoints(str(tmp_path))]
+    assert names == ["epoch_0.pt", "epoch_1.pt", "epoch_2.pt", "epoch_3.pt"]
+    assert "epoch_3.pt, epoch_best.pt (one file): counted once, as epoch_3.pt" in caplog.text
+    assert "epoch_01.pt, epoch_1.pt (one file): counted once, as epoch_1.pt" in caplog.text
+    assert "epoch_2.pt, epoch_9.pt (one file): counted once, as epoch_2.pt" in caplog.text
+    assert "left out epoch_copy.pt: not named epoch_N.pt" in caplog.text
+    assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "epoch_3.pt")
+
+
 def test_failed_write_keeps_the_previous_file(tmp_path):
     path = str(tmp_path / "epoch_0.pt")
     save_checkpoint(path, {"model": {"w": torch.ones(2)}}, {"epoch": 0})
