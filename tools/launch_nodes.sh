@@ -7,8 +7,11 @@
 #     'bash run.sh --stage 4 --stop_stage 4 --num_nodes $NUM_NODES --HOST_NODE_ADDR $HOST_NODE_ADDR'
 #   tools/launch_nodes.sh --hostfile hosts --dry_run true -- 'bash run.sh ...'   # print the ssh lines only
 #
-# hostfile: one host per line (as ssh knows it); blank lines and '#' comments are ignored; the first host is node 0
-# and holds the rendezvous. Quote the command, so that $NUM_NODES, $NODE_RANK and $HOST_NODE_ADDR are expanded on
+# hostfile: one ssh destination per line ([user@]host, or ssh://[user@]host[:port]); blank lines and '#' comments are
+# ignored; the first host is node 0 and holds the rendezvous, at its host part (no user, no ssh port; an IPv6 literal,
+# written bare as ssh takes it, is bracketed: [fe80::1]:29400). A line that is no ssh destination (host:port, an
+# address in brackets, more than one field) stops the launcher with one line naming it. A Host alias of
+# ~/.ssh/config is taken as the address as it is: give --host_node_addr when only ssh knows the name. Quote the command, so that $NUM_NODES, $NODE_RANK and $HOST_NODE_ADDR are expanded on
 # each host, where the launcher sets them. On each host the command runs in this directory (the same path on every
 # host: a shared disk, or the same checkout) with this PATH (so the same venv), OMP_NUM_THREADS, and every NCCL_*,
 # GLOO_*, TP_* and TORCH_* variable set here (network interface choices such as GLOO_SOCKET_IFNAME); see
@@ -27,9 +30,40 @@ die() { echo "$0: $*" >&2; exit 1; }
 [ -n "$hostfile" ] || die "--hostfile is required"
 [ -f "$hostfile" ] || die "--hostfile $hostfile: no such file"
 [ $# -gt 0 ] || die "no command given (after --)"
-mapfile -t hosts < <(sed -e 's/#.*//' -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' "$hostfile" | grep -v '^$' || true)
+# The network address of ssh destination $1: its host part, an IPv6 literal in brackets; fails (status 1, the
+# reason on stdout) for what ssh would not take as a destination.
+address_of() {
+  local host=${1#ssh://}
+  host=${host##*@}
+  if [[ $1 == ssh://* ]]; then  # ssh://[user@]host[:port]: drop the port
+    if [[ $host == \[*\]* ]]; then host=${host%%]*}]; else host=${host%%:*}; fi
+  elif [[ $host == \[* ]]; then
+    echo "ssh takes no address in brackets; write the IPv6 address bare, ${host//[\[\]]/}"; return 1
+  elif [[ $host == *:*:* ]]; then
+    host="[$host]"  # an IPv6 literal: torchrun's endpoint is [address]:port
+  elif [[ $host == *:* ]]; then
+    echo "ssh takes no host:port; write ssh://$1 or set Port in ~/.ssh/config"; return 1
+  fi
+  if [[ -z $host || $host =~ [[:space:]] ]]; then
+    echo "not one ssh destination ([user@]host): one host per line, nothing else"; return 1
+  fi
+  echo "$host"
+}
+
+hosts=()
+line_no=0
+while IFS= read -r line || [ -n "$line" ]; do
+  line_no=$((line_no + 1))
+  line=${line%%#*}
+  line=${line#"${line%%[![:space:]]*}"}
+  line=${line%"${line##*[![:space:]]}"}
+  [ -n "$line" ] || continue
+  address=$(address_of "$line") || die "$hostfile:$line_no: '$line': $address"
+  [ "${#hosts[@]}" -gt 0 ] || first_address=$address
+  hosts+=("$line")
+done < "$hostfile"
 [ "${#hosts[@]}" -gt 0 ] || die "--hostfile $hostfile lists no host"
-[ -n "$host_node_addr" ] || host_node_addr="${hosts[0]}:$port"
+[ -n "$host_node_addr" ] || host_node_addr="$first_address:$port"
 
 exports=("cd $(printf %q "$PWD")")
 for name in PATH VIRTUAL_ENV OMP_NUM_THREADS $(compgen -e | grep -E '^(NCCL_|GLOO_|TP_|TORCH_)' || true); do
@@ -46,7 +80,9 @@ for rank in "${!hosts[@]}"; do
     continue
   fi
   # Its own process group per host, so that stopping a host stops its ssh and the prefixing together.
-  setsid bash -c '$0 "$1" "$2" < /dev/null 2>&1 | sed -u "s/^/[$1] /"; exit "${PIPESTATUS[0]}"' \
+  # NOTE: the prefix is printed by bash, not spliced into a sed expression, which a '/' (ssh://) or '&' would break.
+  setsid bash -c '$0 "$1" "$2" < /dev/null 2>&1 | while IFS= read -r l || [ -n "$l" ]; do printf "[%s] %s\n" "$1" "$l"
+    done; exit "${PIPESTATUS[0]}"' \
     "$ssh" "$host" "$remote" &
   host_of[$!]=$host
 done

@@ -4,16 +4,18 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from test.helpers import REPO_ROOT
 
 LAUNCH = os.path.join(REPO_ROOT, "tools", "launch_nodes.sh")
 
 
-def launch(tmp_path, command, *options, env=None):
+def launch(tmp_path, command, *options, env=None, hosts="node-a   # node 0\n\n# a comment line\nnode-b\n"):
     fake_ssh, hostfile = tmp_path / "ssh", tmp_path / "hosts"
     fake_ssh.write_text('#!/usr/bin/env bash\necho "$1" >> "$(dirname "$0")/contacted"\nexec bash -c "$2"\n')
     fake_ssh.chmod(0o755)
-    hostfile.write_text("node-a   # node 0\n\n# a comment line\nnode-b\n")
+    hostfile.write_text(hosts)
     return subprocess.run([LAUNCH, "--hostfile", str(hostfile), "--ssh", str(fake_ssh), *options, "--", command],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, **(env or {})})
 
@@ -55,3 +57,31 @@ def test_bad_invocations_are_one_line_errors(tmp_path):
                           (["--hostfile", str(tmp_path / "empty")], "no command given")]:
         proc = subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=30)
         assert proc.returncode == 1 and message in proc.stderr, (args, proc.stderr)
+
+
+@pytest.mark.parametrize("hosts, address, destinations", [
+    ("alice@node0\nalice@node1\n", "node0:29400", ["alice@node0", "alice@node1"]),  # the launcher-user-host case
+    ("# rack 1\r\n\r\n  alice@node0  # node 0\r\nnode1\r\n", "node0:29400", ["alice@node0", "node1"]),  # CRLF
+    ("fe80::1\nbob@fe80::2\n", "[fe80::1]:29400", ["fe80::1", "bob@fe80::2"]),  # IPv6, bare as ssh takes it
+    ("ssh://alice@node0:2222\nnode1\n", "node0:29400", ["ssh://alice@node0:2222", "node1"]),  # ssh's URI, its port
+])
+def test_the_rendezvous_address_is_the_host_part_of_the_first_ssh_destination(tmp_path, hosts, address,
+                                                                                destinations):
+    proc = launch(tmp_path, 'echo "$NODE_RANK $HOST_NODE_ADDR"', hosts=hosts)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == sorted([f"[{destinations[0]}] 0 {address}",
+                                                       f"[{destinations[1]}] 1 {address}"])
+    assert sorted((tmp_path / "contacted").read_text().split()) == sorted(destinations)
+
+
+@pytest.mark.parametrize("hosts, line, message", [
+    ("[::1]\nnode1\n", "1: '[::1]'", "ssh takes no address in brackets; write the IPv6 address bare, ::1"),
+    ("alice@node0:2222\n", "1: 'alice@node0:2222'", "ssh takes no host:port; write ssh://alice@node0:2222"),
+    ("node0\n# two\nnode1 slots=8\n", "3: 'node1 slots=8'", "not one ssh destination ([user@]host)"),
+    ("alice@\n", "1: 'alice@'", "not one ssh destination"),
+])
+def test_a_hostfile_line_that_is_no_ssh_destination_is_refused_in_one_line(tmp_path, hosts, line, message):
+    proc = launch(tmp_path, "touch ran", hosts=hosts)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"hosts:{line}: {message}" in proc.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "contacted").exists()
