@@ -18,15 +18,15 @@ from toolkit.utils.unicode_text import normalize_unicode
 
 
 def read_transcripts(text_file: str) -> list:
-    """The transcripts of a Kaldi ``text`` file (keys and lines without a transcript dropped), NFC-normalised and
-    with special symbols replaced by a space (:func:`toolkit.text.tokenizer.strip_special_symbols`).
+    """The transcripts of a Kaldi ``text`` file (keys and lines without a transcript dropped), NFC-normalised, with
+    special symbols left out (:func:`toolkit.text.tokenizer.strip_special_symbols`) and one space between words.
 
     Raises:
         OSError: the file cannot be read. UnicodeDecodeError: it is not UTF-8.
     """
     with open(text_file, encoding="utf-8") as f:
-        return [strip_special_symbols(normalize_unicode(parts[1])) for parts in (line.split(maxsplit=1) for line in f)
-                if len(parts) == 2]
+        return [" ".join(strip_special_symbols(normalize_unicode(parts[1])).split())
+                for parts in (line.split(maxsplit=1) for line in f) if len(parts) == 2]
 
 
 def collect_char_units(text_file: str) -> list:
