@@ -53,8 +53,10 @@ def worker_context(sent: object, what: str, serial: str) -> multiprocessing.cont
         return multiprocessing.get_context("fork")
     problem = _forkserver_problem(sent)
     if problem:
-        why = f"{what} start from a forkserver here (this process runs {threading.active_count()} Python threads " \
-              "or a torch.distributed process group, beside which a fork can hang)"
+        others = [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()]
+        beside = f"other Python threads ({', '.join(others)})" if others else "a torch.distributed process group"
+        why = f"{what} start from a forkserver here, not forked, because this process runs {beside}, beside which " \
+              "a fork can hang"
         raise WorkerStartError(f"{why}, and {problem}, or {serial}")
     return multiprocessing.get_context("forkserver")
 

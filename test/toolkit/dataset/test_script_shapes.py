@@ -25,7 +25,8 @@ tok = Tok()
 """
 TOOLKIT_TOKENIZER = "from toolkit.text.tokenizer import CharTokenizer\ntok = CharTokenizer({units!r})\n"
 # what a notebook's kernel has (ipykernel's heartbeat and IOPub threads): another Python thread, alive
-NOTEBOOK_THREADS = "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+NOTEBOOK_THREADS = ("import threading\n"
+                    "threading.Thread(target=threading.Event().wait, name=\"heartbeat\", daemon=True).start()\n")
 BODY = """
 import json
 import torch
@@ -119,8 +120,8 @@ def test_a_shape_the_forkserver_cannot_serve_stops_at_once_with_one_line(data, t
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and proc.stdout == ""
     assert last.startswith("toolkit.utils.worker_start.WorkerStartError: loader workers start from a forkserver "
-                           "here (this process runs 2 Python threads or a torch.distributed process group, beside "
-                           "which a fork can hang), and ") and last.endswith(says), last
+                           "here, not forked, because this process runs other Python threads (heartbeat), beside "
+                           "which a fork can hang, and ") and last.endswith(says), last
 
 
 # The toolkit's process pools (tools/make_shard_list.py's, make_raw_list.py's, compute_cmvn_stats.py's) start
@@ -151,7 +152,7 @@ def test_a_process_pool_stops_at_once_with_one_line_where_the_forkserver_cannot_
     proc = run_shape("stdin", code, tmp_path)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1].endswith(
-        "make_shards' processes start from a forkserver here (this process runs 2 Python threads or a "
-        "torch.distributed process group, beside which a fork can hang), and a worker runs the main script again, "
-        "which has no file (<stdin>): save the script to a file and run that, or use one (--num_workers 1)")
+        "make_shards' processes start from a forkserver here, not forked, because this process runs other Python "
+        "threads (heartbeat), beside which a fork can hang, and a worker runs the main script again, which has no "
+        "file (<stdin>): save the script to a file and run that, or use one (--num_workers 1)")
     assert not (tmp_path / "shards").exists() or not list((tmp_path / "shards").glob("*.tar"))
