@@ -220,8 +220,9 @@ def summarize_steps(rank_steps: list[list[dict]], frame_shift_s: float, warmup: 
 def peak_rss_mib() -> dict:
     """Peak resident set size in MiB (Linux ``ru_maxrss``, KiB): ``self``, this process; ``children``, the largest
     of its descendants that have exited and been waited for: the DataLoader workers of finished epochs, which are
-    children of the loader's forkserver (:func:`toolkit.dataset.loader.worker_context`). The server is stopped
-    first, so that it and the workers it waited for count; call this once no loader is iterated any more."""
+    children of the loader's forkserver (:func:`toolkit.dataset.loader.loader_context`: a rank's always are). The
+    server is stopped first, so that it and the workers it waited for count; call this once no loader is iterated
+    any more."""
     # NOTE: multiprocessing has no public call that stops its forkserver (its own tests use this one); a loader
     # iterated later starts a new server.
     multiprocessing.forkserver._forkserver._stop()

@@ -11,7 +11,6 @@ import logging
 import os
 from collections import Counter
 from functools import partial
-from multiprocessing import Pool
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from toolkit.dataset.processor import SkipSample, compute_fbank, parse_raw, read_audio, resample
+from toolkit.utils.worker_start import worker_context
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +75,15 @@ def compute_stats(entries: List[dict], fbank_conf: dict, resample_rate: int, num
     """Sum per-utterance statistics over ``entries`` (tqdm progress on stderr), in this process for
     ``num_workers`` 1, else in that many worker processes.
 
-    NOTE: the workers are forked: call it with ``num_workers`` > 1 only from a process that has not run torch ops
-    yet (as ``tools/compute_cmvn_stats.py`` does); a fork after torch started its thread pool can hang the children.
+    The workers start as :func:`toolkit.utils.worker_start.worker_context` says (forked from a process without
+    other threads), each with one torch thread.
 
     Returns:
         ``(stats, skipped)``: the CMVN JSON dict and the utterances left out, by reason.
+
+    Raises:
+        toolkit.utils.worker_start.WorkerStartError: the workers cannot start in this script shape (one line
+            saying what to do).
     """
     dim = fbank_conf["num_mel_bins"]
     mean_stat, var_stat, frame_num, skipped = np.zeros(dim), np.zeros(dim), 0, Counter()
@@ -88,7 +92,8 @@ def compute_stats(entries: List[dict], fbank_conf: dict, resample_rate: int, num
         if num_workers > 1:
             # NOTE: one torch thread per worker: with torch's default (one per core) the workers' fbank threads
             # outnumber the cores and spin against each other.
-            pool = stack.enter_context(Pool(num_workers, initializer=torch.set_num_threads, initargs=(1,)))
+            context = worker_context((worker, entries), "compute_stats' workers", "use one (--num_workers 1)")
+            pool = stack.enter_context(context.Pool(num_workers, initializer=torch.set_num_threads, initargs=(1,)))
             results = pool.imap_unordered(worker, entries, chunksize=16)
         else:
             results = map(worker, entries)

@@ -21,6 +21,7 @@ from toolkit.dataset.shard import (clear_stale_outputs, count_shard_utterances, 
                                    read_shard_transcripts)
 from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.kaldi_files import read_table
+from toolkit.utils.worker_start import worker_context
 
 
 def make_raw_list(wav_scp: str, text: str, wav_root: Optional[str] = None) -> Tuple[List[dict], List[str]]:
@@ -112,6 +113,8 @@ def reencode_audio(entries: List[dict], audio_dir: str, audio_format: str,
     Raises:
         ValueError: ``audio_format`` is not flac or wav, a key contains ``/`` or starts with ``.``, or
             ``num_workers`` < 1.
+        toolkit.utils.worker_start.WorkerStartError: the processes cannot start in this script shape (one line
+            saying what to do).
     """
     if audio_format not in ("flac", "wav"):
         raise ValueError(f"audio_format must be flac or wav, got {audio_format!r}")
@@ -128,7 +131,8 @@ def reencode_audio(entries: List[dict], audio_dir: str, audio_format: str,
     if num_workers == 1:
         results = list(map(_reencode_job, jobs))
     else:
-        with ProcessPoolExecutor(num_workers) as pool:
+        context = worker_context((_reencode_job, jobs), "reencode_audio's processes", "use one (num_workers 1)")
+        with ProcessPoolExecutor(num_workers, mp_context=context) as pool:
             results = list(pool.map(_reencode_job, jobs, chunksize=64))
     new_entries, skipped = [], []
     for (entry, reason), (_, _, path) in zip(results, jobs):

@@ -1,5 +1,7 @@
-"""The DataLoader around an :class:`~toolkit.dataset.pipeline.AsrDataset` and its workers' lifecycle: they start from
-a forkserver (never forked from the calling process) and end when the process iterating the loader does."""
+"""The DataLoader around an :class:`~toolkit.dataset.pipeline.AsrDataset` and its workers' lifecycle: they are
+forked only from a process without other threads, start from a forkserver otherwise, and end when the process
+iterating the loader does."""
+import importlib
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
@@ -13,6 +15,7 @@ from torch.utils.data import DataLoader
 from toolkit.dataset import processor
 from toolkit.dataset.conf import DatasetConf, resolve_dataset_conf
 from toolkit.dataset.pipeline import AsrDataset
+from toolkit.utils.worker_start import worker_context
 
 
 def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None) -> DataLoader:
@@ -26,38 +29,62 @@ def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None
     torch RNG, so where dropout's random stream stands would depend on how many loaders were iterated (an exact
     resume would diverge).
 
-    Workers start from a forkserver (:func:`worker_context`), never by forking the calling process, and end when
-    that process does (:func:`end_with_the_loader`).
+    Workers start as :func:`loader_context` says when they start (each ``iter`` that starts them), and end when
+    the process iterating the loader does (:func:`end_with_the_loader`).
+
+    Raises:
+        toolkit.utils.worker_start.WorkerStartError: workers would start from the forkserver in a script shape it
+            cannot serve (one line saying what to do); at once, and again at ``iter`` if that changed since.
     """
     conf = dataset.conf.dataloader_conf if conf is None else resolve_dataset_conf(conf).dataloader_conf
     kwargs = {"batch_size": None, "num_workers": conf.num_workers, "pin_memory": conf.pin_memory,
               "generator": torch.Generator().manual_seed(dataset.seed)}
     if conf.num_workers > 0:
         kwargs.update(prefetch_factor=conf.prefetch_factor, persistent_workers=conf.persistent_workers,
-                      multiprocessing_context=worker_context(), worker_init_fn=end_with_the_loader)
-    return DataLoader(dataset, **kwargs)
+                      multiprocessing_context=loader_context(dataset), worker_init_fn=end_with_the_loader)
+    return _Loader(dataset, **kwargs)
 
 
-def worker_context() -> multiprocessing.context.BaseContext:
-    """The multiprocessing context DataLoader workers start in: a forkserver, with the toolkit's modules imported so
-    far (and so torch) and the feature libraries (``processor.WORKER_IMPORTS``) imported once in the server, so a
-    worker starts in milliseconds and receives the dataset pickled. A worker runs the main module's top level
-    again, as with ``spawn``: a script that builds loaders does so under ``if __name__ == "__main__"``.
+class _Loader(DataLoader):
+    """A DataLoader whose workers' start method is chosen when they start (threads may have started since the
+    loader was built)."""
 
-    NOTE: not ``fork``. A training process holds threads (gloo's, tensorboard's writer) and a fork while one of
-    them held CPython's thread-state lock leaves the child hung inside ``os.fork()`` for good (CPython gh-112275,
-    Python 3.8 to 3.11; seen here as a 2-rank DeepSpeed job that never finished cross-validation after a restart:
-    rank 0's loader worker stuck in ``PyOS_AfterFork_Child``, rank 1 waiting in the all-reduce). The server is a
-    fresh single-threaded process, so forking it is safe.
+    def __iter__(self):
+        if self.num_workers > 0 and self._iterator is None:
+            self.multiprocessing_context = loader_context(self.dataset)
+        return super().__iter__()
+
+
+def loader_context(dataset: AsrDataset) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context DataLoader workers start in (:func:`toolkit.utils.worker_start.worker_context`):
+    ``fork`` while this process runs no other thread and no process group (a user's script or notebook cell
+    before it starts any: every script shape works), else a forkserver (every toolkit rank).
+
+    The forkserver imports the toolkit's modules imported so far (and so torch) and the feature libraries
+    (``processor.WORKER_IMPORTS``) once, so a worker starts in milliseconds and receives the dataset pickled; it is
+    started now, so that its imports overlap with what the caller does before it iterates a loader (the model).
+
+    NOTE: never ``fork`` beside other threads. A training process holds threads (gloo's, tensorboard's writer) and
+    a fork while one of them held CPython's thread-state lock leaves the child hung inside ``os.fork()`` for good
+    (CPython gh-112275, Python 3.8 to 3.11; seen here as a 2-rank DeepSpeed job that never finished
+    cross-validation after a restart: rank 0's loader worker stuck in ``PyOS_AfterFork_Child``, rank 1 waiting in
+    the all-reduce). The server is a fresh single-threaded process, so forking it is safe.
+
+    Raises:
+        toolkit.utils.worker_start.WorkerStartError: see ``worker_context``.
     """
-    main_name = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
-    context = multiprocessing.get_context("forkserver")
-    # NOTE: not the main module itself: a worker runs it again by name, and runpy warns about one already imported
-    context.set_forkserver_preload(sorted(name for name in sys.modules
-                                          if name.split(".")[0] == "toolkit" and name != main_name)
-                                   + list(processor.WORKER_IMPORTS))
-    # started now, so that its imports overlap with what the caller does before it iterates a loader (the model)
-    multiprocessing.forkserver.ensure_running()
+    context = worker_context(dataset, "loader workers", "set dataset_conf.dataloader_conf.num_workers: 0")
+    if context.get_start_method() == "fork":
+        for name in processor.WORKER_IMPORTS:  # once here, not in every worker
+            importlib.import_module(name)
+    else:
+        main_name = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
+        # NOTE: not the main module itself: a worker runs it again by name, and runpy warns about one already
+        # imported
+        context.set_forkserver_preload(sorted(name for name in sys.modules
+                                              if name.split(".")[0] == "toolkit" and name != main_name)
+                                       + list(processor.WORKER_IMPORTS))
+        multiprocessing.forkserver.ensure_running()
     return context
 
 

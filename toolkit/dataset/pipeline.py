@@ -282,3 +282,14 @@ def build_dataset(data_list_file: str, tokenizer, conf: DatasetConf | dict | Non
     dataset = AsrDataset(lines, tokenizer, conf, mode, rank, world_size, seed)
     _log_partition(data_list_file, dataset)
     return dataset
+
+
+def __getattr__(name: str):
+    """``build_dataloader``, the former name (until 2026-12-07) of :func:`toolkit.dataset.loader.build_dataloader`,
+    kept so that users' scripts that import it from here keep working; new code imports it from
+    ``toolkit.dataset``."""
+    if name == "build_dataloader":
+        # NOTE: imported here, not at the top: the loader imports this module
+        from toolkit.dataset.loader import build_dataloader
+        return build_dataloader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 # NOTE: the resampling and feature libraries are imported where first used, not above: scipy.signal and lhotse were
 # 3.8 s of the trainer's 8.5 s of imports on a slow 2-core machine, paid by every rank's main process, every
-# decoding rank and run.sh's config check, none of which computes a feature. The loader's forkserver imports them
-# once, before it forks a worker (:func:`toolkit.dataset.loader.worker_context`).
+# decoding rank and run.sh's config check, none of which computes a feature. The loader imports them once, in its
+# forkserver or in the process that forks its workers (:func:`toolkit.dataset.loader.loader_context`).
 WORKER_IMPORTS = ("lhotse.features.kaldi.extractors", "scipy.signal")
 
 logger = logging.getLogger(__name__)

@@ -43,6 +43,7 @@ import soundfile as sf
 
 from toolkit.dataset.processor import SkipSample, read_audio
 from toolkit.utils.unicode_text import normalize_unicode
+from toolkit.utils.worker_start import worker_context
 
 logger = logging.getLogger(__name__)
 
@@ -357,6 +358,8 @@ def make_shards(entries: List[dict], shard_dir: str, num_utts_per_shard: int, nu
 
     Raises:
         ValueError: ``num_utts_per_shard`` or ``num_workers`` < 1.
+        toolkit.utils.worker_start.WorkerStartError: the processes cannot start in this script shape (one line
+            saying what to do; :func:`toolkit.utils.worker_start.worker_context`).
     """
     if num_utts_per_shard < 1 or num_workers < 1:
         raise ValueError(f"need num_utts_per_shard >= 1 and num_workers >= 1, got {num_utts_per_shard}, {num_workers}")
@@ -369,7 +372,8 @@ def make_shards(entries: List[dict], shard_dir: str, num_utts_per_shard: int, nu
     if num_workers == 1 or len(jobs) <= 1:
         results = list(map(_write_job, jobs))
     else:
-        with ProcessPoolExecutor(min(num_workers, len(jobs))) as pool:
+        context = worker_context((_write_job, jobs), "make_shards' processes", "use one (--num_workers 1)")
+        with ProcessPoolExecutor(min(num_workers, len(jobs)), mp_context=context) as pool:
             results = list(pool.map(_write_job, jobs))
     written = sum(num for num, _ in results)
     skipped = [item for _, job_skipped in results for item in job_skipped]

@@ -54,7 +54,7 @@ def compile_blocks(model: nn.Module) -> list[str]:
     # NOTE: inductor compiles in this process, not in its pool of compile workers, as PyTorch's own distributed
     # inductor tests do (pytorch/pytorch#125235); on 2 cores the pool compiled no faster (test_compile and the
     # compiled resume test: 62 s with it, 59 s without). A loader hang once blamed on the pool was the fork bug
-    # that toolkit.dataset.loader.worker_context avoids.
+    # that toolkit.dataset.loader.loader_context avoids.
     torch._inductor.config.compile_threads = 1
     names: list[str] = []
     for list_name, blocks in model.named_modules():

@@ -1,5 +1,5 @@
-"""The DataLoader's workers (toolkit/dataset/loader.py): started from a forkserver, ended with their loader's
-process."""
+"""The DataLoader's workers (toolkit/dataset/loader.py): started from a forkserver beside other threads, ended with
+their loader's process."""
 import ctypes
 import os
 import signal
@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.dataset.data_list import make_raw_list, write_raw_list
@@ -72,10 +74,12 @@ def test_loader_workers_are_not_forked_from_a_process_whose_native_threads_enter
 
 
 LOADER_THEN_SLEEP = """
-import sys, time
+import sys, threading, time
 from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.text.tokenizer import CharTokenizer
 if __name__ == "__main__":
+    if sys.argv[3] == "rank":  # another thread, as a rank has: the workers start from the forkserver
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
     # batches of 1 and 2 in flight per worker: neither worker can run out (and exit) before the kill
     conf = {"batch_conf": {"batch_size": 1}, "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
     dataset = build_dataset(sys.argv[1], CharTokenizer(sys.argv[2]), conf, mode="cv")
@@ -94,20 +98,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, tokenizer):
+@pytest.mark.parametrize("shape", ["rank", "script"])
+def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, tokenizer, shape):
     # The case: a rank killed with SIGKILL mid-epoch. torch's watchdog in a worker watches its parent pid, which
     # for a forkserver child is the server; without end_with_the_loader the workers (and the server) lived on.
+    # A script without other threads forks its workers.
     data_list, _ = fsdd_list(tmp_path, 12)
     script = tmp_path / "loader_then_sleep.py"
     script.write_text(LOADER_THEN_SLEEP)
     stderr = tmp_path / "stderr.txt"  # also its resource tracker's (it reports the semaphores the kill leaked)
     with open(stderr, "w") as err:
-        proc = subprocess.Popen([sys.executable, str(script), data_list, tokenizer.symbol_table_path],
+        proc = subprocess.Popen([sys.executable, str(script), data_list, tokenizer.symbol_table_path, shape],
                                 stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         workers = [int(pid) for pid in proc.stdout.readline().split()]
         assert len(workers) == 2 and all(map(_alive, workers)), stderr.read_text()[-3000:]
-        assert all(_parent_pid(pid) != proc.pid for pid in workers)  # children of the forkserver
+        # children of the forkserver beside another thread, else forked
+        assert [_parent_pid(pid) == proc.pid for pid in workers] == [shape == "script"] * 2
         proc.kill()
         proc.wait(timeout=30)
         deadline = time.monotonic() + 30

@@ -1,0 +1,110 @@
+"""How the toolkit's worker processes start (DataLoader workers, the process pools of ``tools/``): forked while the
+calling process runs no other thread, from a forkserver otherwise; and the script shapes a forkserver cannot serve,
+refused at once with one line saying what to do.
+
+Forking is what makes a user's script work in any shape (a file without ``if __name__ == "__main__":``, ``python -``,
+``python -c``): the child has the parent's memory, so it runs none of the main module again and has every class the
+script defined. But a fork while another thread holds a lock leaves the child with that lock held for good: a
+thread entering Python (gloo's, in a rank) holds CPython's thread-state lock for an instant, and a child forked then
+hangs inside ``os.fork()`` (CPython gh-112275, Python 3.8-3.11). So a process with another Python thread or a
+``torch.distributed`` process group (every toolkit rank) starts its workers from a forkserver, a fresh
+single-threaded process; such a worker re-imports the main module (as ``spawn`` does) and unpickles what it is sent
+by reference, which is where the script shapes fail.
+
+NOTE: a native thread that enters Python without a ``threading.Thread`` or a process group (an extension library's
+own) is not seen; the known ones of the toolkit's processes are gloo's, under the process group. The compute pools
+of OpenBLAS/OpenMP (present once numpy or torch is imported) never enter Python and handle a fork themselves.
+"""
+import ast
+import functools
+import multiprocessing
+import multiprocessing.context
+import os
+import sys
+import threading
+from multiprocessing.reduction import ForkingPickler
+
+class WorkerStartError(RuntimeError):
+    """Worker processes cannot start in this process's script shape; the message says what to do instead."""
+
+
+def fork_is_safe() -> bool:
+    """Whether a fork cannot inherit a lock held by another thread: this process runs no other Python thread and
+    has no ``torch.distributed`` process group (not imported here: a process that never imported it has none)."""
+    dist = sys.modules.get("torch.distributed")
+    return threading.active_count() == 1 and not (dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def worker_context(sent: object, what: str, serial: str) -> multiprocessing.context.BaseContext:
+    """The context to start worker processes in: ``fork`` where :func:`fork_is_safe`, else ``forkserver``.
+
+    Args:
+        sent: what each worker receives pickled (the dataset, the pool's function and items): with the
+            forkserver it must not need a class of the main module that the workers cannot import.
+        what: the workers, for the message (e.g. "loader workers").
+        serial: how to do the work without them, for the message (e.g. "set num_workers: 0").
+
+    Raises:
+        WorkerStartError: with the forkserver, a main module the workers cannot run again (read from stdin, or a
+            file without an ``if __name__ == "__main__":`` guard) or an object of the main module's own classes
+            where there is no file to import them from (``python -c``, a notebook); one line saying what to do.
+    """
+    if fork_is_safe():
+        return multiprocessing.get_context("fork")
+    problem = _forkserver_problem(sent)
+    if problem:
+        others = [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()]
+        beside = f"other Python threads ({', '.join(others)})" if others else "a torch.distributed process group"
+        why = f"{what} start from a forkserver here, not forked, because this process runs {beside}, beside which " \
+              "a fork can hang"
+        raise WorkerStartError(f"{why}, and {problem}, or {serial}")
+    return multiprocessing.get_context("forkserver")
+
+
+def _forkserver_problem(sent: object) -> str | None:
+    """Why a forkserver worker would fail in this process's script shape, with what to do, or None."""
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    if path is not None and not os.path.isfile(path):
+        return f"a worker runs the main script again, which has no file ({path}): save the script to a file " \
+               f"and run that"
+    if path is not None and not _has_main_guard(os.path.abspath(path)):
+        return f"a worker runs the top level of {path} again, which starts the workers again: put the code that " \
+               f"starts them under `if __name__ == \"__main__\":`"
+    if path is None and getattr(main.__spec__, "name", None) is None:
+        names = _main_names(sent)
+        if names:
+            return f"a worker cannot import {', '.join(names)}, defined in __main__ (python -c, or a notebook): " \
+                   f"define it in a module file and import it from there"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _has_main_guard(path: str) -> bool:
+    """Whether the module file ``path`` has a top-level ``if __name__ == "__main__":``."""
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read(), path)
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and {"__name__", "__main__"} <= {getattr(n, "id", getattr(n, "value", None))
+                                                for n in (node.test.left, *node.test.comparators)}
+               for node in tree.body)
+
+
+def _main_names(sent: object) -> list[str]:
+    """The qualified names of the main module's classes and functions that pickling ``sent`` refers to."""
+    names = set()
+
+    class Recorder(ForkingPickler):
+        def persistent_id(self, obj):
+            # an instance answers with its class's module; a class or function with its own
+            if getattr(obj, "__module__", None) == "__main__":
+                names.add(getattr(obj, "__qualname__", None) or type(obj).__qualname__)
+            return None
+
+    Recorder(_Discard()).dump(sent)
+    return sorted(names)
+
+
+class _Discard:
+    def write(self, data) -> None:
+        pass
