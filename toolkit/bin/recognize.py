@@ -27,9 +27,10 @@ decoding: whole-job progress goes through the store (:mod:`toolkit.distributed.p
 gathered once at the end, de-duplicated by key (a key decoded twice is logged as an error of the partition and
 counted in the summary). Scoring uses :mod:`toolkit.utils.metrics`, like ``tools/compute_wer.py``: each rank counts
 its own utterances against the data.list's transcripts and the integer counts are summed across ranks, so the
-numbers do not depend on the number of ranks. Utterances the pipeline skips (unreadable audio, unknown
-characters) are logged with their key, counted by reason and scored as deletions, so a WER is never computed on a
-silently shrunk test set.
+numbers do not depend on the number of ranks. Every readable utterance is decoded, whatever its transcript (empty,
+of units outside the dictionary, however long) and its length: the transcript is the reference of the score only.
+Utterances the pipeline skips (unreadable audio) are logged with their key, counted by reason and scored as
+deletions, so a WER is never computed on a silently shrunk test set.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from collections import Counter
 import torch
 
 from toolkit.dataset import DatasetConf, build_dataloader, build_dataset
-from toolkit.dataset.conf import BatchConf, FilterConf, TokenizeConf
+from toolkit.dataset.conf import BatchConf
 from toolkit.dataset.data_list import read_transcripts
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.gather import JobResults, RankResults, gather_results
@@ -104,15 +105,10 @@ def get_args(argv=None) -> argparse.Namespace:
 
 
 def decoding_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
-    """The training pipeline's features with decoding settings: nothing filtered out, static batches, original
-    order."""
-    # NOTE: a test transcript may hold characters the training dictionary lacks; the audio is still decoded and
-    # the scorer compares against the original text (max_unk_ratio 1).
-    return dataclasses.replace(
-        conf, batch_conf=BatchConf(batch_type="static", batch_size=batch_size),
-        filter_conf=FilterConf(max_length=1e9, min_length=0, token_max_length=10**9, token_min_length=0,
-                               min_output_input_ratio=0.0, max_output_input_ratio=1e9),
-        shuffle=False, sort=False, tokenize_conf=TokenizeConf(max_unk_ratio=1.0))
+    """The training pipeline's features with decoding settings: static batches, original order. The pipeline's
+    ``test`` mode filters nothing and never reads the transcript (the reference of the score, not an input)."""
+    return dataclasses.replace(conf, batch_conf=BatchConf(batch_type="static", batch_size=batch_size),
+                               shuffle=False, sort=False)
 
 
 def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device: torch.device,

@@ -452,9 +452,9 @@ def bucket_batch(samples: Iterable[dict], bucket_boundaries: List[int],
 def collate(samples: List[dict], num_skipped: Dict[str, int], num_mel_bins: int) -> dict:
     """Pad a list of samples into the batch dict (see :mod:`toolkit.dataset.pipeline`).
 
-    Reads ``key``, ``feat``, ``label`` (and ``padding_s`` where ``pad_short`` padded). ``feats`` is zero-padded,
-    ``target`` padded with ``IGNORE_ID``; an empty list gives B=0 tensors of shape ``(0, 0, num_mel_bins)`` and
-    ``(0, 0)``.
+    Reads ``key``, ``feat``, ``label`` (none: no target, as in decoding) and ``padding_s`` where ``pad_short``
+    padded. ``feats`` is zero-padded, ``target`` padded with ``IGNORE_ID``; an empty list gives B=0 tensors of shape
+    ``(0, 0, num_mel_bins)`` and ``(0, 0)``.
     """
     if not samples:
         no_lengths = torch.zeros(0, dtype=torch.int64)
@@ -462,7 +462,7 @@ def collate(samples: List[dict], num_skipped: Dict[str, int], num_mel_bins: int)
                 "target": torch.zeros(0, 0, dtype=torch.int64), "target_lengths": no_lengths.clone(),
                 "padding_s": 0.0, "num_skipped": num_skipped}
     feats = [s["feat"] for s in samples]
-    labels = [torch.tensor(s["label"], dtype=torch.int64) for s in samples]
+    labels = [torch.tensor(s.get("label", []), dtype=torch.int64) for s in samples]
     return {
         "keys": [s["key"] for s in samples],
         "feats": pad_sequence(feats, batch_first=True, padding_value=0.0),
