@@ -41,6 +41,7 @@ The model is called as ``model(feats, feats_lengths, target, target_lengths)``.
 import dataclasses
 import functools
 import logging
+import math
 import random
 from collections import Counter
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
@@ -100,7 +101,10 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
     if planned:
         batches = processor.static_batch(samples, len(lines))
     elif batch.batch_type == "static":
-        batches = processor.static_batch(samples, batch.batch_size)
+        # NOTE: decoding filters no length, so a clip longer than filter_conf.max_length (the longest trained) is
+        # batched with fewer others, or alone: one long clip must not multiply a batch's memory (issue 45)
+        bound = conf.filter_conf.max_length if mode == "test" else math.inf
+        batches = processor.static_batch(samples, batch.batch_size, bound)
     elif batch.batch_type == "dynamic":
         batches = processor.dynamic_batch(samples, batch.max_frames_in_batch)
     else:

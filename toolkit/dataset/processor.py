@@ -390,14 +390,27 @@ def sort(samples: Iterable[dict], sort_size: int) -> Iterator[dict]:
     yield from sorted(buffer, key=lambda s: s["feat"].size(0))
 
 
-def static_batch(samples: Iterable[dict], batch_size: int) -> Iterator[List[dict]]:
-    """Stream step: groups of ``batch_size`` samples (the last one may be smaller)."""
+def static_batch(samples: Iterable[dict], batch_size: int, max_length: float = math.inf) -> Iterator[List[dict]]:
+    """Stream step: groups of ``batch_size`` samples (the last one may be smaller). With ``max_length`` (frames;
+    reads ``feat``), a group whose longest sample has T > ``max_length`` frames holds at most
+    ``max(1, batch_size * (max_length / T) ** 2)`` samples, so that self-attention's padded size ``B * T**2`` stays
+    that of ``batch_size`` samples of ``max_length`` frames: a much longer sample forms a group of its own."""
+    def room(frames: int) -> float:
+        return batch_size if frames <= max_length else max(1.0, batch_size * (max_length / frames) ** 2)
+
     buffer: List[dict] = []
+    longest = 0
     for sample in samples:
+        if max_length < math.inf:
+            frames = sample["feat"].size(0)
+            if buffer and len(buffer) + 1 > room(max(longest, frames)):
+                yield buffer
+                buffer, longest = [], 0
+            longest = max(longest, frames)
         buffer.append(sample)
         if len(buffer) >= batch_size:
             yield buffer
-            buffer = []
+            buffer, longest = [], 0
     if buffer:
         yield buffer
 

@@ -161,6 +161,10 @@ def test_test_mode_decodes_whatever_the_transcript_and_length(tmp_path, tokenize
     assert sorted(keys) == sorted([e["key"] for e in good] + [b["key"] for b, r in bad if r not in audio_skips])
     assert sum((Counter(b["num_skipped"]) for b in batches), Counter()) == Counter(audio_skips)
     assert all(b["target"].shape == (len(b["keys"]), 0) and not b["target_lengths"].any() for b in batches)
+    # a clip over filter_conf.max_length (970 frames > 500) is decoded in a batch of its own: 2 x 970 would pad past
+    # batch_size x max_length
+    assert [b["keys"] for b in batches if "bad-long" in b["keys"]] == [["bad-long"]]
+    assert max(len(b["keys"]) for b in batches) == 2
     cv_keys = [k for b in batches_of(data_list, tokenizer, BAD_INPUT_CONF, mode="cv") for k in b["keys"]]
     assert sorted(cv_keys) == sorted(e["key"] for e in good)  # cross-validation computes a loss: it filters
 
