@@ -54,7 +54,7 @@ from toolkit.distributed.main_only import main_process_only
 from toolkit.distributed.metrics import score_across_ranks
 from toolkit.distributed.progress import JobProgress
 from toolkit.models.registry import init_model
-from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS
+from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import read_config
@@ -74,7 +74,8 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--test_data", required=True, help="data.list of the test set")
     parser.add_argument("--result_dir", required=True)
-    parser.add_argument("--modes", nargs="+", default=["attention_rescoring"], choices=DECODING_METHODS)
+    parser.add_argument("--modes", nargs="+", default=["attention_rescoring"],
+                        help=f"one or more of {', '.join(DECODING_METHODS)}")
     parser.add_argument("--beam_size", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--ctc_weight", type=float, default=0.5, help="CTC weight in attention rescoring")
@@ -101,7 +102,12 @@ def get_args(argv=None) -> argparse.Namespace:
                              "probability and --oov_penalty; default: none")
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.modes = [mode for value in args.modes for mode in value.split()]  # `--modes ""`: no mode
+    error = decoding_modes_error(args.modes)
+    if error:
+        raise ConfigError(f"--modes: {error}")
+    return args
 
 
 def decoding_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
@@ -139,6 +145,17 @@ def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device:
     return results
 
 
+def _empty_hint(args, mode: str) -> str:
+    """What else can empty every hypothesis of ``mode``, true to the options given: the LM's OOV penalty if one was
+    given, else the LM itself; nothing for a mode that does not use the LM."""
+    if not (args.lm and mode in LM_METHODS):
+        return ""
+    if args.oov_penalty < 0:
+        return (f"; with --lm, --oov_penalty {args.oov_penalty:g} then prefers no word to a misspelt one: try "
+                "--oov_penalty 0")
+    return f"; or the LM at --lm_weight {args.lm_weight:g}: compare a decoding without --lm"
+
+
 @main_process_only
 def summarize(args, job: JobResults, listed: list, references: dict, scores: dict, audio_s: float,
               wall_s: float, progress: JobProgress) -> dict:
@@ -164,8 +181,7 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
     for mode, count in empty.items():
         if job.owner and count == len(job.owner):
             logging.warning("%s: every hypothesis is empty (a model that has not learnt to spell yet%s)", mode,
-                            "; with --lm, its OOV penalty then prefers no word to a misspelt one: try --oov_penalty 0"
-                            if args.lm and mode in LM_METHODS else "")
+                            _empty_hint(args, mode))
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
         "search": {"beam_size": args.beam_size, "ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty,
