@@ -29,7 +29,8 @@ counted in the summary). Scoring uses :mod:`toolkit.utils.metrics`, like ``tools
 its own utterances against the data.list's transcripts and the integer counts are summed across ranks, so the
 numbers do not depend on the number of ranks. Every readable utterance is decoded, whatever its transcript (empty,
 of units outside the dictionary, however long) and its length: the transcript is the reference of the score only.
-Utterances the pipeline skips (unreadable audio) are logged with their key, counted by reason and scored as
+Utterances the pipeline skips (unreadable audio), and one that runs out of memory alone (``out_of_memory``; a
+batch that does is decoded an utterance at a time), are logged with their key, counted by reason and scored as
 deletions, so a WER is never computed on a silently shrunk test set.
 """
 
@@ -117,12 +118,38 @@ def decoding_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
                                shuffle=False, sort=False)
 
 
+def _decode_fitting(model, batch: dict, lm: WordNgramLM | None, args, device: torch.device, skipped: Counter):
+    """``(keys, {mode: token ids})`` of ``batch``, decoded whole or, when that runs out of memory, one utterance at a
+    time (each utterance decodes the same in any batch); an utterance that does not fit alone is named in the log
+    and counted in ``skipped`` under ``out_of_memory`` (scored as deletions), never the end of the job."""
+    def decode(feats: torch.Tensor, lengths: torch.Tensor) -> dict:
+        return model.decode(args.modes, feats.to(device), lengths.to(device), beam_size=args.beam_size,
+                            ctc_weight=args.ctc_weight, length_penalty=args.length_penalty, lm=lm,
+                            reverse_weight=args.reverse_weight)
+
+    try:
+        yield batch["keys"], decode(batch["feats"], batch["feats_lengths"])
+        return
+    except torch.OutOfMemoryError:
+        logging.warning("a batch of %d utterances ran out of memory on %s: decoding them one at a time",
+                        len(batch["keys"]), device)
+    for i, key in enumerate(batch["keys"]):
+        length = batch["feats_lengths"][i:i + 1]
+        try:
+            yield [key], decode(batch["feats"][i:i + 1, :int(length)], length)
+        except torch.OutOfMemoryError:
+            logging.warning("skipping utterance %s: out_of_memory (%d fbank frames do not fit on %s alone)", key,
+                            int(length), device)
+            skipped["out_of_memory"] += 1
+
+
 def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device: torch.device,
                  progress: JobProgress) -> RankResults:
     """Decode every batch of this rank's loader with all ``args.modes``; counts each utterance (decoded or
     skipped) into ``progress``. A clip too short for a single encoder frame (under 7 fbank frames, and not
     padded by ``dataset_conf.pad_conf``) decodes to the empty hypothesis in every mode (``ASRModel.decode``); it is
-    named and counted under ``no_encoder_frame``."""
+    named and counted under ``no_encoder_frame``. A batch that runs out of memory is decoded an utterance at a time
+    (:func:`_decode_fitting`)."""
     results = RankResults(hyps={mode: [] for mode in args.modes})
     skipped: Counter = Counter()
     for batch in loader:
@@ -132,12 +159,10 @@ def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device:
             for key in [key for key, n in zip(batch["keys"], frames) if n == 0]:
                 logging.warning("%s: under 7 fbank frames, no encoder frame: empty hypothesis", key)
                 results.no_encoder_frame += 1
-            hyps = model.decode(args.modes, batch["feats"].to(device), batch["feats_lengths"].to(device),
-                                beam_size=args.beam_size, ctc_weight=args.ctc_weight,
-                                length_penalty=args.length_penalty, lm=lm, reverse_weight=args.reverse_weight)
-            for mode, token_ids in hyps.items():
-                results.hyps[mode] += [tokenizer.detokenize(ids)[0] for ids in token_ids]
-            results.keys += batch["keys"]
+            for keys, hyps in _decode_fitting(model, batch, lm, args, device, skipped):
+                for mode, token_ids in hyps.items():
+                    results.hyps[mode] += [tokenizer.detokenize(ids)[0] for ids in token_ids]
+                results.keys += keys
             results.num_frames += int(batch["feats_lengths"].sum())
             results.padding_s += batch["padding_s"]
         progress.add(len(batch["keys"]) + sum(batch["num_skipped"].values()))
