@@ -37,7 +37,8 @@ def _long_clip(path) -> dict:
     return {"key": "long_clip", "wav": str(path), "txt": " ".join(words)}
 
 
-# The slow tier: 205 s of audio through the encoder's attention (5,125 x 5,125 scores) takes ~25 s on 2 busy cores.
+# The slow tier: 205 s of audio through the encoder (5,125 x 5,125 attention scores) and attention rescoring: 2 min 15 s
+# on 2 cores shared with a training run (2026-12-07).
 @pytest.mark.multiprocess
 def test_a_long_clip_and_any_transcript_are_decoded_and_scored(tmp_path):
     model = write_model(tmp_path)
