@@ -31,6 +31,9 @@ from test.helpers import REPO_ROOT
     (["--lm_order", "1"], "--lm_order must be 0 (no LM) or 2..6 (what KenLM loads), got '1'"),
     (["--lm_weight", "0.5x"], "--lm_weight must be a decimal number, got '0.5x'"),
     (["--oov_penalty", "5"], "--oov_penalty must be <= 0, got '5'"),
+    (["--stage", "5", "--decode_modes", ""], "--decode_modes: no mode given; choose one or more of "
+                                            "['ctc_greedy_search', 'ctc_prefix_beam_search', 'attention', "),
+    (["--decode_modes", "beam"], "--decode_modes: unknown mode(s) ['beam']; choose one or more of "),
     (["--length_penalty", "1,5"], "--length_penalty must be a decimal number, got '1,5'"),
     (["--reverse_weight", "1.5"], "--reverse_weight must be a number in [0, 1] (or empty: the model's), got '1.5'"),
     (["--reverse_weight", "09"], "--reverse_weight must be a number in [0, 1] (or empty: the model's), got '09'"),

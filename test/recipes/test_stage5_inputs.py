@@ -109,6 +109,36 @@ def test_an_all_empty_decoding_and_lm_settings_without_an_lm_are_reported(tmp_pa
     assert summary["empty_hypotheses"] == {"ctc_greedy_search": 2} and summary["lm"] is None
 
 
+def test_the_all_empty_hint_is_true_to_the_options_given_and_no_mode_is_one_line(tmp_path):
+    make_model(tmp_path)
+    state = load_checkpoint(str(tmp_path / "m.pt"))
+    state["model"]["ctc.ctc_lo.bias"][0] = 1e4  # blank wins every frame: every CTC hypothesis is empty
+    save_checkpoint(str(tmp_path / "m.pt"), state, {"tag": "blank"})
+    lm = tmp_path / "lm.arpa"
+    subprocess.run([sys.executable, str(REPO_ROOT / "tools/train_ngram_lm.py"),
+                    str(REPO_ROOT / "corpora/tiny_fsdd/data/train/text"), str(lm)], check=True, capture_output=True,
+                   timeout=60)
+    for penalty, hint in (("0", "; or the LM at --lm_weight 0.5: compare a decoding without --lm)"),
+                          ("-5", "; with --lm, --oov_penalty -5 then prefers no word to a misspelt one: try "
+                                 "--oov_penalty 0)")):
+        proc = decode(tmp_path, "units19.txt", "--lm", str(lm), "--oov_penalty", penalty, result=f"penalty{penalty}",
+                      modes=("ctc_greedy_search", "ctc_prefix_beam_search"))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines = [line for line in proc.stderr.splitlines() if "every hypothesis is empty" in line]
+        assert len(lines) == 2 and lines[0].endswith("ctc_greedy_search: every hypothesis is empty (a model that "
+                                                     "has not learnt to spell yet)"), lines  # no LM in that mode
+        assert lines[1].endswith(f"ctc_prefix_beam_search: every hypothesis is empty (a model that has not learnt to "
+                                 f"spell yet{hint}"), lines
+    for modes in ([""], ["ctc_greedy_search", "beam"]):
+        proc = decode(tmp_path, "units19.txt", result="none", modes=modes)
+        errors = [line for line in proc.stderr.splitlines() if line.strip()]
+        problem = "no mode given" if modes == [""] else "unknown mode(s) ['beam']"
+        assert proc.returncode == 2 and len(errors) == 1 and errors[0].endswith(
+            f"--modes: {problem}; choose one or more of ['ctc_greedy_search', 'ctc_prefix_beam_search', 'attention', "
+            "'attention_rescoring']"), proc.stderr[-2000:]
+    assert not (tmp_path / "none-units19.txt").exists()
+
+
 def test_average_num_0_decodes_the_newest_epoch_by_number(tmp_path):
     """A model dir with "_" in its name once made ``sort -t_`` pick epoch_9 over epoch_10."""
     model_dir = tmp_path / "my_exp_dir"

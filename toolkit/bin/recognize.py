@@ -27,9 +27,11 @@ decoding: whole-job progress goes through the store (:mod:`toolkit.distributed.p
 gathered once at the end, de-duplicated by key (a key decoded twice is logged as an error of the partition and
 counted in the summary). Scoring uses :mod:`toolkit.utils.metrics`, like ``tools/compute_wer.py``: each rank counts
 its own utterances against the data.list's transcripts and the integer counts are summed across ranks, so the
-numbers do not depend on the number of ranks. Utterances the pipeline skips (unreadable audio, unknown
-characters) are logged with their key, counted by reason and scored as deletions, so a WER is never computed on a
-silently shrunk test set.
+numbers do not depend on the number of ranks. Every readable utterance is decoded, whatever its transcript (empty,
+of units outside the dictionary, however long) and its length: the transcript is the reference of the score only.
+Utterances the pipeline skips (unreadable audio), and one that runs out of memory alone (``out_of_memory``; a
+batch that does is decoded an utterance at a time), are logged with their key, counted by reason and scored as
+deletions, so a WER is never computed on a silently shrunk test set.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from collections import Counter
 import torch
 
 from toolkit.dataset import DatasetConf, build_dataloader, build_dataset
-from toolkit.dataset.conf import BatchConf, FilterConf, TokenizeConf
+from toolkit.dataset.conf import BatchConf
 from toolkit.dataset.data_list import read_transcripts
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.gather import JobResults, RankResults, gather_results
@@ -53,7 +55,7 @@ from toolkit.distributed.main_only import main_process_only
 from toolkit.distributed.metrics import score_across_ranks
 from toolkit.distributed.progress import JobProgress
 from toolkit.models.registry import init_model
-from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS
+from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import read_config
@@ -73,7 +75,8 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--test_data", required=True, help="data.list of the test set")
     parser.add_argument("--result_dir", required=True)
-    parser.add_argument("--modes", nargs="+", default=["attention_rescoring"], choices=DECODING_METHODS)
+    parser.add_argument("--modes", nargs="+", default=["attention_rescoring"],
+                        help=f"one or more of {', '.join(DECODING_METHODS)}")
     parser.add_argument("--beam_size", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--ctc_weight", type=float, default=0.5, help="CTC weight in attention rescoring")
@@ -100,19 +103,44 @@ def get_args(argv=None) -> argparse.Namespace:
                              "probability and --oov_penalty; default: none")
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.modes = [mode for value in args.modes for mode in value.split()]  # `--modes ""`: no mode
+    error = decoding_modes_error(args.modes)
+    if error:
+        raise ConfigError(f"--modes: {error}")
+    return args
 
 
 def decoding_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
-    """The training pipeline's features with decoding settings: nothing filtered out, static batches, original
-    order."""
-    # NOTE: a test transcript may hold characters the training dictionary lacks; the audio is still decoded and
-    # the scorer compares against the original text (max_unk_ratio 1).
-    return dataclasses.replace(
-        conf, batch_conf=BatchConf(batch_type="static", batch_size=batch_size),
-        filter_conf=FilterConf(max_length=1e9, min_length=0, token_max_length=10**9, token_min_length=0,
-                               min_output_input_ratio=0.0, max_output_input_ratio=1e9),
-        shuffle=False, sort=False, tokenize_conf=TokenizeConf(max_unk_ratio=1.0))
+    """The training pipeline's features with decoding settings: static batches, original order. The pipeline's
+    ``test`` mode filters nothing and never reads the transcript (the reference of the score, not an input)."""
+    return dataclasses.replace(conf, batch_conf=BatchConf(batch_type="static", batch_size=batch_size),
+                               shuffle=False, sort=False)
+
+
+def _decode_fitting(model, batch: dict, lm: WordNgramLM | None, args, device: torch.device, skipped: Counter):
+    """``(keys, {mode: token ids})`` of ``batch``, decoded whole or, when that runs out of memory, one utterance at a
+    time (each utterance decodes the same in any batch); an utterance that does not fit alone is named in the log
+    and counted in ``skipped`` under ``out_of_memory`` (scored as deletions), never the end of the job."""
+    def decode(feats: torch.Tensor, lengths: torch.Tensor) -> dict:
+        return model.decode(args.modes, feats.to(device), lengths.to(device), beam_size=args.beam_size,
+                            ctc_weight=args.ctc_weight, length_penalty=args.length_penalty, lm=lm,
+                            reverse_weight=args.reverse_weight)
+
+    try:
+        yield batch["keys"], decode(batch["feats"], batch["feats_lengths"])
+        return
+    except torch.OutOfMemoryError:
+        logging.warning("a batch of %d utterances ran out of memory on %s: decoding them one at a time",
+                        len(batch["keys"]), device)
+    for i, key in enumerate(batch["keys"]):
+        length = batch["feats_lengths"][i:i + 1]
+        try:
+            yield [key], decode(batch["feats"][i:i + 1, :int(length)], length)
+        except torch.OutOfMemoryError:
+            logging.warning("skipping utterance %s: out_of_memory (%d fbank frames do not fit on %s alone)", key,
+                            int(length), device)
+            skipped["out_of_memory"] += 1
 
 
 def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device: torch.device,
@@ -120,7 +148,8 @@ def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device:
     """Decode every batch of this rank's loader with all ``args.modes``; counts each utterance (decoded or
     skipped) into ``progress``. A clip too short for a single encoder frame (under 7 fbank frames, and not
     padded by ``dataset_conf.pad_conf``) decodes to the empty hypothesis in every mode (``ASRModel.decode``); it is
-    named and counted under ``no_encoder_frame``."""
+    named and counted under ``no_encoder_frame``. A batch that runs out of memory is decoded an utterance at a time
+    (:func:`_decode_fitting`)."""
     results = RankResults(hyps={mode: [] for mode in args.modes})
     skipped: Counter = Counter()
     for batch in loader:
@@ -130,17 +159,26 @@ def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device:
             for key in [key for key, n in zip(batch["keys"], frames) if n == 0]:
                 logging.warning("%s: under 7 fbank frames, no encoder frame: empty hypothesis", key)
                 results.no_encoder_frame += 1
-            hyps = model.decode(args.modes, batch["feats"].to(device), batch["feats_lengths"].to(device),
-                                beam_size=args.beam_size, ctc_weight=args.ctc_weight,
-                                length_penalty=args.length_penalty, lm=lm, reverse_weight=args.reverse_weight)
-            for mode, token_ids in hyps.items():
-                results.hyps[mode] += [tokenizer.detokenize(ids)[0] for ids in token_ids]
-            results.keys += batch["keys"]
+            for keys, hyps in _decode_fitting(model, batch, lm, args, device, skipped):
+                for mode, token_ids in hyps.items():
+                    results.hyps[mode] += [tokenizer.detokenize(ids)[0] for ids in token_ids]
+                results.keys += keys
             results.num_frames += int(batch["feats_lengths"].sum())
             results.padding_s += batch["padding_s"]
         progress.add(len(batch["keys"]) + sum(batch["num_skipped"].values()))
     results.skipped = dict(skipped)
     return results
+
+
+def _empty_hint(args, mode: str) -> str:
+    """What else can empty every hypothesis of ``mode``, true to the options given: the LM's OOV penalty if one was
+    given, else the LM itself; nothing for a mode that does not use the LM."""
+    if not (args.lm and mode in LM_METHODS):
+        return ""
+    if args.oov_penalty < 0:
+        return (f"; with --lm, --oov_penalty {args.oov_penalty:g} then prefers no word to a misspelt one: try "
+                "--oov_penalty 0")
+    return f"; or the LM at --lm_weight {args.lm_weight:g}: compare a decoding without --lm"
 
 
 @main_process_only
@@ -168,8 +206,7 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
     for mode, count in empty.items():
         if job.owner and count == len(job.owner):
             logging.warning("%s: every hypothesis is empty (a model that has not learnt to spell yet%s)", mode,
-                            "; with --lm, its OOV penalty then prefers no word to a misspelt one: try --oov_penalty 0"
-                            if args.lm and mode in LM_METHODS else "")
+                            _empty_hint(args, mode))
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
         "search": {"beam_size": args.beam_size, "ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty,

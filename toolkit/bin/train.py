@@ -54,7 +54,7 @@ from toolkit.engine.position import data_signature
 from toolkit.engine.stats import require_utterances
 from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
-from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS
+from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import Config, read_config
 from toolkit.utils.checkpoint import newest_checkpoint
@@ -119,9 +119,9 @@ def check_only(args: argparse.Namespace) -> None:
     lm_used = 0
     if args.decode_modes is not None:
         modes = args.decode_modes.split()
-        bad = [m for m in modes if m not in DECODING_METHODS]
-        if bad or not modes:
-            sys.exit(f"--decode_modes: unknown mode(s) {bad}; choose from {list(DECODING_METHODS)}")
+        error = decoding_modes_error(modes)
+        if error:
+            sys.exit(f"--decode_modes: {error}")
         lm_used = int(any(m in LM_METHODS for m in modes))
     max_epoch = 0
     if args.config is not None:

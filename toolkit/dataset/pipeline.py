@@ -13,8 +13,8 @@ decoding consume it)::
     keys:           list[str], B utterance keys
     feats:          float32 (B, T, D) fbank, zero-padded, T frames at 10 ms, D = num_mel_bins (80 default)
     feats_lengths:  int64 (B,)
-    target:         int64 (B, L) token ids padded with IGNORE_ID (-1)
-    target_lengths: int64 (B,)
+    target:         int64 (B, L) token ids padded with IGNORE_ID (-1); (B, 0) in ``test`` mode
+    target_lengths: int64 (B,); zeros in ``test`` mode
     padding_s:      float, seconds of ``feats`` that ``dataset_conf.pad_conf`` added (0.0 without it)
     num_skipped:    dict[str, int] utterances dropped since the previous batch of the same part, by reason
     position:       [part, index, last]: the part of the epoch the batch comes from (a planned batch or a
@@ -29,8 +29,9 @@ replays the interrupted run's order; consumers drop these (:meth:`AsrDataset.dro
 
 Skip reasons: ``bad_line``, ``missing_audio``, ``unreadable_audio``, ``empty_audio``, ``non_finite_audio``,
 ``empty_text``, ``all_unknown``, ``unknown_token``, ``too_short``, ``too_long``, ``too_few_tokens``,
-``too_many_tokens``, ``ratio_too_small``, ``ratio_too_large``, ``non_finite_feats``, and for shards
-``missing_shard``, ``corrupt_shard``, ``corrupt_member``; each skip is also logged as a warning naming the key
+``too_many_tokens``, ``ratio_too_small``, ``ratio_too_large`` (these eight not in ``test`` mode, which does not
+read the transcript), ``non_finite_feats``, and for shards ``missing_shard``, ``corrupt_shard``, ``corrupt_member``;
+each skip is also logged as a warning naming the key
 (or the shard). Every count is in utterances: a lost shard counts the utterances its data.list line records (see
 :mod:`toolkit.dataset.shard`). (The trainer adds ``too_few_encoder_frames`` and ``non_finite_loss`` for utterances
 the model could not score, see :mod:`toolkit.engine.executor`.)
@@ -40,6 +41,7 @@ The model is called as ``model(feats, feats_lengths, target, target_lengths)``.
 import dataclasses
 import functools
 import logging
+import math
 import random
 from collections import Counter
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
@@ -82,9 +84,11 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
         samples = per_sample(samples, processor.speed_perturb, rng=rng, **args(conf.speed_perturb_conf))
     if train and conf.volume_perturb:
         samples = per_sample(samples, processor.volume_perturb, rng=rng, **args(conf.volume_perturb_conf))
-    samples = per_sample(samples, processor.tokenize, tokenizer=tokenizer, **args(conf.tokenize_conf))
     fbank = conf.fbank_conf if train else dataclasses.replace(conf.fbank_conf, dither=0.0)
-    samples = per_sample(samples, processor.filter_sample, frame_shift=fbank.frame_shift, **args(conf.filter_conf))
+    if mode != "test":  # NOTE: at test time the transcript is the score's reference, never a filter (issue 45)
+        samples = per_sample(samples, processor.tokenize, tokenizer=tokenizer, **args(conf.tokenize_conf))
+        samples = per_sample(samples, processor.filter_sample, frame_shift=fbank.frame_shift,
+                             **args(conf.filter_conf))
     if conf.pad_conf.min_length > 0:
         samples = per_sample(samples, processor.pad_short, frame_shift=fbank.frame_shift, **args(conf.pad_conf))
     samples = per_sample(samples, processor.compute_fbank, rng=rng, **args(fbank))
@@ -97,7 +101,10 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
     if planned:
         batches = processor.static_batch(samples, len(lines))
     elif batch.batch_type == "static":
-        batches = processor.static_batch(samples, batch.batch_size)
+        # NOTE: decoding filters no length, so a clip longer than filter_conf.max_length (the longest trained) is
+        # batched with fewer others, or alone: one long clip must not multiply a batch's memory (issue 45)
+        bound = conf.filter_conf.max_length if mode == "test" else math.inf
+        batches = processor.static_batch(samples, batch.batch_size, bound)
     elif batch.batch_type == "dynamic":
         batches = processor.dynamic_batch(samples, batch.max_frames_in_batch)
     else:
@@ -258,6 +265,8 @@ def build_dataset(data_list_file: str, tokenizer, conf: DatasetConf | dict | Non
         conf: the resolved ``dataset_conf`` (:func:`toolkit.dataset.conf.resolve_dataset_conf`), or the YAML's
             dict (None or partial), which is resolved here.
         mode: ``"train"``, or ``"cv"``/``"test"`` (no shuffle, speed perturbation, SpecAugment; dither 0).
+            ``"test"`` (decoding) neither tokenizes nor filters: every readable utterance comes out, whatever its
+            transcript (empty, of unknown units, longer than ``token_max_length``) or its length, with no target.
         rank, world_size: this process's place among the distributed ranks.
         seed: base seed; the pass of epoch ``e`` shuffles lines with ``seed + e``.
 

@@ -391,14 +391,27 @@ def sort(samples: Iterable[dict], sort_size: int) -> Iterator[dict]:
     yield from sorted(buffer, key=lambda s: s["feat"].size(0))
 
 
-def static_batch(samples: Iterable[dict], batch_size: int) -> Iterator[List[dict]]:
-    """Stream step: groups of ``batch_size`` samples (the last one may be smaller)."""
+def static_batch(samples: Iterable[dict], batch_size: int, max_length: float = math.inf) -> Iterator[List[dict]]:
+    """Stream step: groups of ``batch_size`` samples (the last one may be smaller). With ``max_length`` (frames;
+    reads ``feat``), a group whose longest sample has T > ``max_length`` frames holds at most
+    ``max(1, batch_size * (max_length / T) ** 2)`` samples, so that self-attention's padded size ``B * T**2`` stays
+    that of ``batch_size`` samples of ``max_length`` frames: a much longer sample forms a group of its own."""
+    def room(frames: int) -> float:
+        return batch_size if frames <= max_length else max(1.0, batch_size * (max_length / frames) ** 2)
+
     buffer: List[dict] = []
+    longest = 0
     for sample in samples:
+        if max_length < math.inf:
+            frames = sample["feat"].size(0)
+            if buffer and len(buffer) + 1 > room(max(longest, frames)):
+                yield buffer
+                buffer, longest = [], 0
+            longest = max(longest, frames)
         buffer.append(sample)
         if len(buffer) >= batch_size:
             yield buffer
-            buffer = []
+            buffer, longest = [], 0
     if buffer:
         yield buffer
 
@@ -453,9 +466,9 @@ def bucket_batch(samples: Iterable[dict], bucket_boundaries: List[int],
 def collate(samples: List[dict], num_skipped: Dict[str, int], num_mel_bins: int) -> dict:
     """Pad a list of samples into the batch dict (see :mod:`toolkit.dataset.pipeline`).
 
-    Reads ``key``, ``feat``, ``label`` (and ``padding_s`` where ``pad_short`` padded). ``feats`` is zero-padded,
-    ``target`` padded with ``IGNORE_ID``; an empty list gives B=0 tensors of shape ``(0, 0, num_mel_bins)`` and
-    ``(0, 0)``.
+    Reads ``key``, ``feat``, ``label`` (none: no target, as in decoding) and ``padding_s`` where ``pad_short``
+    padded. ``feats`` is zero-padded, ``target`` padded with ``IGNORE_ID``; an empty list gives B=0 tensors of shape
+    ``(0, 0, num_mel_bins)`` and ``(0, 0)``.
     """
     if not samples:
         no_lengths = torch.zeros(0, dtype=torch.int64)
@@ -463,7 +476,7 @@ def collate(samples: List[dict], num_skipped: Dict[str, int], num_mel_bins: int)
                 "target": torch.zeros(0, 0, dtype=torch.int64), "target_lengths": no_lengths.clone(),
                 "padding_s": 0.0, "num_skipped": num_skipped}
     feats = [s["feat"] for s in samples]
-    labels = [torch.tensor(s["label"], dtype=torch.int64) for s in samples]
+    labels = [torch.tensor(s.get("label", []), dtype=torch.int64) for s in samples]
     return {
         "keys": [s["key"] for s in samples],
         "feats": pad_sequence(feats, batch_first=True, padding_value=0.0),

@@ -25,8 +25,9 @@ def test_it_prints_max_epoch_gpus_and_whether_a_mode_uses_the_lm(tmp_path, capsy
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--decode_modes", "ctc_greedy_search beam"], "--decode_modes: unknown mode(s) ['beam']; choose from"),
-    (["--decode_modes", " "], "--decode_modes: unknown mode(s) []"),
+    (["--decode_modes", "ctc_greedy_search beam"], "--decode_modes: unknown mode(s) ['beam']; choose one or more of"),
+    (["--decode_modes", " "], "--decode_modes: no mode given; choose one or more of ['ctc_greedy_search', "),
+    (["--decode_modes", ""], "--decode_modes: no mode given; choose one or more of ['ctc_greedy_search', "),
     (["--config", CONF, "--override_config", "scheduler_conf {warmup_steps: 2.5}"],
      "--config/--override_config: scheduler_conf: warmup_steps must be an integer"),
     (["--train_engine", "deepspeed"], "--deepspeed_config goes with --train_engine deepspeed, and only with it"),

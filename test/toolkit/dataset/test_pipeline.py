@@ -110,7 +110,8 @@ def test_spec_aug_masks_training_features_from_its_start_epoch_on(tmp_path, toke
     assert masked == [[False] * len(entries)] * 2 + [[True] * len(entries)] * 2
 
 
-def test_every_bad_input_is_skipped_named_and_counted(tmp_path, tokenizer, caplog):
+def _bad_inputs(tmp_path):
+    """Three good utterances, and bad ones with the reason training skips each: ``(good, bad, data_list)``."""
     good = [e for e in kaldi_entries(FSDD, "test") if "Z" not in e["txt"]][:3]
     lj_long = kaldi_entries(LJ, "train")[0]  # 9.7 s, over max_length below
     speech, rate = sf.read(FSDD / "wav/george-0-00.wav", dtype="float32")
@@ -124,15 +125,22 @@ def test_every_bad_input_is_skipped_named_and_counted(tmp_path, tokenizer, caplo
         ({"key": "bad-empty-text", "wav": good[0]["wav"], "txt": " "}, "empty_text"),
         ({"key": "bad-unk", "wav": good[0]["wav"], "txt": "ZERO"}, "unknown_token"),
         ({"key": "bad-all-unk", "wav": good[0]["wav"], "txt": "ZZ QZ"}, "all_unknown"),
+        ({"key": "bad-many-tokens", "wav": good[0]["wav"], "txt": "ONE TWO THREE FOUR"}, "too_many_tokens"),
         ({"key": "bad-short", "wav": str(tmp_path / "short.wav"), "txt": "ONE"}, "too_short"),
         (dict(lj_long, key="bad-long"), "too_long"),
     ]
     entries = [e for pair in zip(good, [b for b, _ in bad[:3]]) for e in pair] + [b for b, _ in bad[3:]]
-    data_list = write_list(tmp_path / "data.list", entries)
-    conf = {"filter_conf": {"max_length": 500}, "batch_conf": {"batch_size": 2},
-            "dataloader_conf": {"num_workers": 0}}
+    return good, bad, write_list(tmp_path / "data.list", entries)
+
+
+BAD_INPUT_CONF = {"filter_conf": {"max_length": 500, "token_max_length": 10}, "batch_conf": {"batch_size": 2},
+                  "dataloader_conf": {"num_workers": 0}}
+
+
+def test_every_bad_input_is_skipped_named_and_counted(tmp_path, tokenizer, caplog):
+    good, bad, data_list = _bad_inputs(tmp_path)
     with caplog.at_level(logging.WARNING):
-        batches = batches_of(data_list, tokenizer, conf)
+        batches = batches_of(data_list, tokenizer, BAD_INPUT_CONF)
     keys = [k for b in batches for k in b["keys"]]
     assert sorted(keys) == sorted(e["key"] for e in good)
     total = Counter()
@@ -141,6 +149,24 @@ def test_every_bad_input_is_skipped_named_and_counted(tmp_path, tokenizer, caplo
     assert total == Counter(reason for _, reason in bad)
     for entry, reason in bad:
         assert any(entry["key"] in r.getMessage() and reason in r.getMessage() for r in caplog.records)
+
+
+def test_test_mode_decodes_whatever_the_transcript_and_length(tmp_path, tokenizer):
+    # Decoding (issue 45): the transcript is the score's reference, so an empty one, one of unknown units or one over
+    # token_max_length, and the clips outside filter_conf's lengths, all come out; only unreadable audio is skipped.
+    good, bad, data_list = _bad_inputs(tmp_path)
+    batches = batches_of(data_list, tokenizer, BAD_INPUT_CONF, mode="test")
+    keys = [k for b in batches for k in b["keys"]]
+    audio_skips = ("missing_audio", "unreadable_audio", "empty_audio")
+    assert sorted(keys) == sorted([e["key"] for e in good] + [b["key"] for b, r in bad if r not in audio_skips])
+    assert sum((Counter(b["num_skipped"]) for b in batches), Counter()) == Counter(audio_skips)
+    assert all(b["target"].shape == (len(b["keys"]), 0) and not b["target_lengths"].any() for b in batches)
+    # a clip over filter_conf.max_length (970 frames > 500) is decoded in a batch of its own: 2 x 970 would pad past
+    # batch_size x max_length
+    assert [b["keys"] for b in batches if "bad-long" in b["keys"]] == [["bad-long"]]
+    assert max(len(b["keys"]) for b in batches) == 2
+    cv_keys = [k for b in batches_of(data_list, tokenizer, BAD_INPUT_CONF, mode="cv") for k in b["keys"]]
+    assert sorted(cv_keys) == sorted(e["key"] for e in good)  # cross-validation computes a loss: it filters
 
 
 def test_worker_with_only_bad_samples_yields_empty_batch_with_counts(tmp_path, tokenizer):
@@ -341,8 +367,9 @@ def test_an_epoch_has_the_same_batches_on_any_world_size_and_number_of_workers(d
 
 def test_short_utterances_are_padded_alike_in_every_mode_and_on_any_world_size(data_list, tokenizer):
     # pad_conf.min_length 60: every tiny FSDD clip under 0.6 s becomes 0.6 s (58 fbank frames), in decoding as in
-    # training, with the same features whichever rank reads it; longer clips keep their length.
-    entries = [e for e in kaldi_entries(FSDD, "train") if "Z" not in e["txt"]]
+    # training, with the same features whichever rank reads it; longer clips keep their length. Decoding reads every
+    # utterance, "ZERO"'s included (its transcript is only the reference).
+    entries = kaldi_entries(FSDD, "train")
     seconds = {e["key"]: sf.info(e["wav"]).duration for e in entries}
     conf = {"pad_conf": {"min_length": 60}, "sort": False, "dataloader_conf": {"num_workers": 0}}
     feats, padding_s = {}, 0.0

@@ -196,6 +196,17 @@ def test_static_batch_respects_size_and_pads(fsdd_samples):
     assert batch["target"].dtype == torch.int64 and batch["feats_lengths"].dtype == torch.int64
 
 
+def test_static_batch_with_a_length_bound_gives_a_longer_sample_fewer_companions(fsdd_samples):
+    bound = max(s["feat"].size(0) for s in fsdd_samples[:6])
+    samples = [dict(fsdd_samples[0], key=f"long{x}", feat=torch.zeros(int(bound * x), 80)) for x in (1.5, 3.0)]
+    samples = fsdd_samples[:3] + samples[:1] + fsdd_samples[3:6] + samples[1:] + fsdd_samples[6:8]
+    batches = list(processor.static_batch(samples, batch_size=4, max_length=bound))
+    # 1.5 x the bound: 4 / 1.5**2 = 1.8 samples of room; 3 x: 0.4, alone; up to the bound: 4 samples
+    keys = [s["key"] for s in samples]
+    assert [[s["key"] for s in b] for b in batches] == [keys[:3], keys[3:4], keys[4:7], keys[7:8], keys[8:10]]
+    assert [len(b) for b in processor.static_batch(samples, batch_size=4)] == [4, 4, 2]  # no bound: sizes alone
+
+
 def test_dynamic_batch_respects_padded_frame_budget(fsdd_samples):
     budget = 300
     batches = list(processor.dynamic_batch(fsdd_samples, max_frames_in_batch=budget))

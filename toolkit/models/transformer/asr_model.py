@@ -1,7 +1,7 @@
 """Hybrid CTC/attention encoder-decoder ASR model (Watanabe et al., 2017, "Hybrid CTC/Attention
 Architecture for End-to-End Speech Recognition", IEEE JSTSP; Kim et al., 2017,
 arXiv:1609.06773)."""
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -19,6 +19,16 @@ DECODING_METHODS = ("ctc_greedy_search", "ctc_prefix_beam_search", "attention",
                     "attention_rescoring")
 # The methods a language model passed to ASRModel.decode changes (through the CTC prefix beam search n-best).
 LM_METHODS = ("ctc_prefix_beam_search", "attention_rescoring")
+
+
+def decoding_modes_error(modes: Sequence[str]) -> str:
+    """Why ``modes`` is not a list of decoding methods, in one line with the valid choices (no mode given, or the
+    unknown ones); ``""`` when it is one."""
+    unknown = [mode for mode in modes if mode not in DECODING_METHODS]
+    if modes and not unknown:
+        return ""
+    problem = f"unknown mode(s) {unknown}" if unknown else "no mode given"
+    return f"{problem}; choose one or more of {list(DECODING_METHODS)}"
 
 
 def add_sos_eos(ys_pad: torch.Tensor, ys_lens: torch.Tensor, sos: int, eos: int,
@@ -272,10 +282,9 @@ class ASRModel(nn.Module):
                 right-to-left decoder.
         """
         reverse_weight = self.rescoring_reverse_weight(reverse_weight)
-        unknown = [m for m in methods if m not in DECODING_METHODS]
-        if unknown:
-            raise ValueError(
-                f"unknown decoding method(s) {unknown}; valid: {list(DECODING_METHODS)}")
+        error = decoding_modes_error(methods)
+        if error:
+            raise ValueError(error)
         results: dict[str, list[list[int]]] = {}
         with torch.no_grad():
             encoder_out, encoder_mask = self.encoder(feats, feats_lengths)

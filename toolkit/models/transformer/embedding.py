@@ -1,7 +1,10 @@
 """Sinusoidal positional encodings (Vaswani et al., 2017, arXiv:1706.03762, section 3.5).
 
 Both modules scale the input by sqrt(d_model) and return ``(x, pos_emb)`` so that encoder layers
-can use either one through the same interface.
+can use either one through the same interface. Neither bounds the length: ``max_len`` positions are computed once,
+and an input longer than that gets the further positions computed on demand for that call (by the same formula,
+not stored: a module's buffers stay the same on every rank), so a 5-minute utterance encodes like a short one
+(NOTE: issue 45, a 216 s test clip stopped the whole decoding at a fixed 5000-frame table).
 """
 import math
 
@@ -11,18 +14,18 @@ from torch import nn
 from toolkit.models.transformer.dropout import Dropout
 
 
-def _sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """float32 (P, d_model) table: sin on even dims, cos on odd dims, for the given positions.
-
-    Raises:
-        ValueError: ``d_model`` is odd.
-    """
+def _check_even(d_model: int) -> None:
     if d_model % 2:
         raise ValueError(f"d_model must be even, got {d_model}")
-    div_term = torch.exp(
-        torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
+
+
+def _sinusoid_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """float32 (P, d_model) table on ``positions``' device: sin on even dims, cos on odd dims, for the given
+    positions (int64 (P,)); ``d_model`` even. Each row depends on its position alone."""
+    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device)
+                         * -(math.log(10000.0) / d_model))
     angles = positions.float().unsqueeze(1) * div_term
-    table = torch.zeros(positions.size(0), d_model)
+    table = torch.zeros(positions.size(0), d_model, device=positions.device)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
     return table
@@ -34,7 +37,8 @@ class PositionalEncoding(nn.Module):
     Args:
         d_model: feature size D (even).
         dropout_rate: dropout applied after the addition.
-        max_len: longest sequence supported, in (subsampled) frames or tokens.
+        max_len: positions computed once, in (subsampled) frames or tokens; longer inputs are not refused, their
+            further positions are computed on each call (:meth:`positions`).
 
     Raises:
         ValueError: ``d_model`` is odd.
@@ -42,21 +46,28 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, dropout_rate: float, max_len: int = 5000):
         super().__init__()
+        _check_even(d_model)
+        self.d_model = d_model
         self.xscale = math.sqrt(d_model)
         self.dropout = Dropout(p=dropout_rate)
         # Not persistent: it is a pure function of the constructor arguments.
         self.register_buffer("pe", _sinusoid_table(torch.arange(max_len), d_model).unsqueeze(0),
                              persistent=False)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: float32 (B, T, D) -> (x * sqrt(D) + PE, pos_emb (1, T, D)).
+    def positions(self, time: int) -> torch.Tensor:
+        """(1, time, D) encoding of positions 0 .. time - 1, in the table's dtype and device: the stored table's
+        rows (the same tensor values for the first ``max_len``), then rows computed for the positions past it."""
+        table = self.pe
+        if time > table.size(1):
+            extra = _sinusoid_table(torch.arange(table.size(1), time, device=table.device), self.d_model)
+            table = torch.cat([table, extra.to(table.dtype).unsqueeze(0)], dim=1)
+        return table[:, :time]
 
-        Raises:
-            RuntimeError: T exceeds ``max_len`` (shape mismatch in the addition).
-        """
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: float32 (B, T, D), any T -> (x * sqrt(D) + PE, pos_emb (1, T, D))."""
         # NOTE: the table in x's dtype: with bf16 weights (DeepSpeed bf16) a float32 sum would meet a bf16
         # LayerNorm next, which the CPU refuses ("mixed dtype").
-        pos_emb = self.pe[:, : x.size(1)].to(x.dtype)
+        pos_emb = self.positions(x.size(1)).to(x.dtype)
         x = x * self.xscale + pos_emb
         return self.dropout(x), self.dropout(pos_emb)
 
@@ -72,7 +83,8 @@ class RelPositionalEncoding(nn.Module):
     Args:
         d_model: feature size D (even).
         dropout_rate: dropout on the scaled input and on ``pos_emb``.
-        max_len: longest sequence supported, in subsampled frames.
+        max_len: sequence length whose distances are computed once, in subsampled frames; longer inputs are not
+            refused, their further distances are computed on each call (:meth:`positions`).
 
     Raises:
         ValueError: ``d_model`` is odd.
@@ -80,6 +92,8 @@ class RelPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, dropout_rate: float, max_len: int = 5000):
         super().__init__()
+        _check_even(d_model)
+        self.d_model = d_model
         self.xscale = math.sqrt(d_model)
         self.max_len = max_len
         self.dropout = Dropout(p=dropout_rate)
@@ -87,15 +101,19 @@ class RelPositionalEncoding(nn.Module):
         self.register_buffer("pe", _sinusoid_table(distances, d_model).unsqueeze(0),
                              persistent=False)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: float32 (B, T, D) -> (x * sqrt(D), pos_emb (1, 2T-1, D)).
-
-        Raises:
-            RuntimeError: T exceeds ``max_len``.
-        """
-        time = x.size(1)
-        if time > self.max_len:
-            raise RuntimeError(f"sequence of {time} frames exceeds max_len {self.max_len}")
+    def positions(self, time: int) -> torch.Tensor:
+        """(1, 2 time - 1, D) encoding of the distances time - 1 .. -(time - 1), in the table's dtype and device:
+        the stored table's rows where it has them (the same tensor values), rows computed for the distances
+        past +-(max_len - 1)."""
         center = self.max_len - 1
-        pos_emb = self.pe[:, center - time + 1: center + time].to(x.dtype)  # see PositionalEncoding
+        if time <= self.max_len:
+            return self.pe[:, center - time + 1: center + time]
+        device = self.pe.device
+        above = _sinusoid_table(torch.arange(time - 1, center, -1, device=device), self.d_model)
+        below = _sinusoid_table(torch.arange(-self.max_len, -time, -1, device=device), self.d_model)
+        return torch.cat([above.to(self.pe.dtype).unsqueeze(0), self.pe, below.to(self.pe.dtype).unsqueeze(0)], dim=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: float32 (B, T, D), any T -> (x * sqrt(D), pos_emb (1, 2T-1, D))."""
+        pos_emb = self.positions(x.size(1)).to(x.dtype)  # see PositionalEncoding
         return self.dropout(x * self.xscale), self.dropout(pos_emb)

@@ -106,7 +106,8 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: Pref
     top_values, top_ids = ctc_log_probs.topk(top_k, dim=1)
     # prefix -> (log P of its alignments ending in blank, ... ending in its last token)
     beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, NEG_INF)}
-    # The LM part of every prefix scored so far (a function of the prefix alone, so computed once).
+    # The LM part of the beam's prefixes and of their extensions scored so far (a function of the prefix alone, so
+    # computed once while the prefix can still be asked for; not of every prefix ever scored, which grows with T).
     lm_parts: dict[tuple[int, ...], Any] = {(): lm.start()} if lm is not None else {}
     for values, ids in zip(top_values.tolist(), top_ids.tolist()):
         blank_log_p = None  # blank not among the frame's top_k
@@ -141,6 +142,8 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: Pref
         else:
             best = _best_with_lm(scores, beam_size, lm, lm_parts, beams)
         beams = {prefix: (ending_blank.get(prefix, NEG_INF), ending_token.get(prefix, NEG_INF)) for prefix in best}
+        if lm is not None:  # the next frame asks only for the beam's prefixes and their one-token extensions
+            lm_parts = {prefix: part for prefix, part in lm_parts.items() if prefix in beams or prefix[:-1] in beams}
     if lm is None:
         return [Hypothesis(list(prefix), _log_add(*probs)) for prefix, probs in beams.items()]
     nbest = [Hypothesis(list(prefix), _log_add(*probs), lm.finish(lm_parts[prefix], prefix))

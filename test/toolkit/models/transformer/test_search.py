@@ -239,6 +239,53 @@ def test_the_lm_bound_prunes_extensions_without_changing_the_n_best(tmp_path):
             assert counted.extends < eager.extends
 
 
+class _Part:
+    """An LM part that counts the live ones."""
+    live = 0
+
+    def __init__(self, part):
+        self.part, self.score = part, part.score
+        _Part.live += 1
+
+    def __del__(self):
+        _Part.live -= 1
+
+
+class _CountingLM:
+    """A word LM whose parts are :class:`_Part`; records the most parts alive at once."""
+
+    def __init__(self, lm):
+        self.lm, self.most_alive = lm, 0
+
+    def start(self):
+        return _Part(self.lm.start())
+
+    def extend(self, part, prefix, token):
+        self.most_alive = max(self.most_alive, _Part.live)
+        return _Part(self.lm.extend(part.part, prefix, token))
+
+    def bound(self, part):
+        return self.lm.bound(part.part)
+
+    def finish(self, part, prefix):
+        return self.lm.finish(part.part, prefix)
+
+
+def test_the_lm_parts_kept_do_not_grow_with_the_utterance(tmp_path):
+    # A long utterance (issue 45): the search keeps the LM parts of its beam and of their extensions, not of every
+    # prefix it ever scored; the n-best is the same.
+    lm = _letters_lm(tmp_path, 1.0)
+    torch.manual_seed(0)
+    most_alive = []
+    for frames in (100, 1000):
+        log_probs = torch.randn(frames, 8).mul(3.0).log_softmax(dim=1)
+        counting = _CountingLM(lm)
+        nbest = ctc_prefix_beam_search(log_probs, beam_size=4, lm=counting)
+        assert nbest == ctc_prefix_beam_search(log_probs, beam_size=4, lm=lm)
+        most_alive.append(counting.most_alive)
+    assert most_alive[1] <= 4 * (1 + 4) * 2 and most_alive[1] < 2 * most_alive[0]
+
+
 def test_the_word_lm_bound_is_above_every_extension(tmp_path):
     # WordNgramLM.bound against the score of each one-token extension, along random prefixes of letters and word
     # starts (OOV words, the spelling LM and the penalty included).
