@@ -258,14 +258,7 @@ class Executor:
                 self._log_step(stats, out, loss, lr, grad_norm)
             # NOTE: only here, at an optimizer-step boundary: a checkpoint never holds half an accumulation.
             save_due = self.checkpointer.step_due(progress.step)
-            if self.time_budget.step_past_deadline(stats.num_utts - self._rate.num_utts,
-                                                   stats.audio_s - self._rate.audio_s,
-                                                   SAVE_TO_LAST_IO * self.checkpointer.last_io_s if save_due else 0):
-                self.cut_short = True
-                main_process_only(logging.info)(
-                    "train_conf.max_train_minutes %g: epoch %d cut short after %d batches (step %d), %.1f minutes "
-                    "trained", self.time_budget.minutes, progress.epoch, progress.batches_in_epoch, progress.step,
-                    self.time_budget.minutes_used())
+            if self._cut_here(stats, save_due):
                 break
             if save_due:
                 self.checkpointer.save(f"step_{progress.step}", {
@@ -277,6 +270,20 @@ class Executor:
         stats = stats.reduce()
         self.time_budget.epoch_trained()
         return stats
+
+    def _cut_here(self, stats: EpochStats, save_due: bool) -> bool:
+        """Collective when bounded: whether the time budget cuts the epoch at this step (:attr:`cut_short`), told
+        what this rank trained since :meth:`train` began and whether a ``step_N`` checkpoint is due here."""
+        budget, progress = self.time_budget, self.progress
+        saving_s = SAVE_TO_LAST_IO * self.checkpointer.last_io_s if save_due else 0.0
+        self.cut_short = budget.step_past_deadline(stats.num_utts - self._rate.num_utts,
+                                                   stats.audio_s - self._rate.audio_s, saving_s)
+        if self.cut_short:
+            main_process_only(logging.info)(
+                "train_conf.max_train_minutes %g: epoch %d cut short after %d batches (step %d), %.1f minutes "
+                "trained", budget.minutes, progress.epoch, progress.batches_in_epoch, progress.step,
+                budget.minutes_used())
+        return self.cut_short
 
     def _epoch_of(self, train_set: ResumableDataset, dataloader) -> Iterable[dict]:
         """The batches of the current epoch from ``dataloader`` over ``train_set``: the set moved to the epoch (to

@@ -79,18 +79,18 @@ class TimeBudget:
         # Rank 0's clock: when the run started, when the epoch in progress started, its first step ended and its
         # training ended; the longest CV + save (None before one is measured) and first step (loader start-up
         # included) so far; what the epoch had trained at its first step.
-        self._started = self._epoch_started = self._train_ended = self.clock()
+        self._started = self._epoch_started = self._train_ended = self._last_step = self.clock()
         self._first_step_ended: Optional[float] = None
         self._deadline = self._started + self.max_s if self.bounded else math.inf
         self._longest_tail_s: Optional[float] = None
         self._longest_first_step_s = 0.0
         self._trained_at_first_step = (0, 0.0)
-        self._cut_step_late_s = 0.0  # how far past the deadline the step that cut an epoch ended
+        self._cut_step_late_s = 0.0  # how far past the deadline (at most its own length) the cut step ended
         self._cv, self._save_s = cv, SAVE_TO_LAST_IO * last_io_s
 
     def epoch_started(self) -> None:
         """An epoch's training starts now (its loader is about to start)."""
-        self._epoch_started = self.clock()
+        self._epoch_started = self._last_step = self.clock()
         self._first_step_ended = None
 
     def tail_estimate_s(self, trained_utts: int, trained_audio_s: float) -> float:
@@ -123,7 +123,8 @@ class TimeBudget:
             self._deadline = self._started + self.max_s - self.tail_estimate_s(trained_utts, trained_audio_s)
         past = now + saving_s >= self._deadline
         if past:
-            self._cut_step_late_s = max(0.0, now - self._deadline)
+            self._cut_step_late_s = min(now - self._last_step, max(0.0, now - self._deadline))
+        self._last_step = now
         return broadcast_from_main(past, "TimeBudget.step_past_deadline")
 
     def epoch_trained(self) -> None:

@@ -130,6 +130,15 @@ def test_overrun_counts_past_the_bound_beyond_the_cut_step():
     now[0] = 63.5  # a CV + save 1 s longer than the longest measured
     assert budget.overrun_s() == pytest.approx(1.0)
 
+    # An estimate far above the time left cuts the first epoch at its second step; a CV + save longer than the
+    # whole bound still ends past it, by all of that beyond the bound and the cut step's own 1 s.
+    budget, now = clocked(1.0, cv=CvShare(10_000, 5_000.0))
+    budget.epoch_started()
+    assert steps(budget, now, [2.0, 3.0], 10, 2.0) == [False, True]
+    budget.epoch_trained()
+    now[0] = 100.0
+    assert budget.overrun_s() == pytest.approx(100.0 - 60.0 - 1.0)
+
 
 def test_a_step_checkpoint_that_would_end_past_the_deadline_cuts_the_epoch_instead():
     budget, now = clocked(1.0)
