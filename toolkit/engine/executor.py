@@ -207,8 +207,8 @@ class Executor:
         With ``train_conf.max_train_minutes``, after every optimizer step global rank 0 decides whether its clock
         has reached the deadline (:meth:`TimeBudget.step_past_deadline`, a collective per step); if so, every rank
         ends the epoch at that same step (:attr:`cut_short`), also where a ``step_N`` checkpoint due there would
-        end past the deadline, and writes none there (the epoch's own follows). The rest of the epoch, including batches the loader or the join already read ahead, is neither
-        trained nor counted.
+        end past the deadline, and writes none there (the epoch's own follows). The rest of the epoch, including
+        batches the loader or the join already read ahead, is neither trained nor counted.
         """
         progress, engine, join, position = self.progress, self.engine, self.join, self.position
         if progress.batches_in_epoch == 0:

@@ -17,7 +17,8 @@ utterances and in audio seconds (a batch costs a fixed part plus a part growing 
 bounds both); the save at most :data:`SAVE_TO_LAST_IO` times this process's last checkpoint save or load (the
 ``init`` checkpoint, or the one it resumed from). The estimate errs high (a CV set of long utterances against
 training on short ones, much more): then the first epoch is cut early, its CV + save measured, and the next epoch
-trains up to M less the measured tail; an estimate too high costs one CV pass, never the bound.
+trains up to M less the measured tail; an estimate too high costs one CV pass, never the bound. A run that ends
+past M anyway (one CV + save longer than M, or slower than the one kept back) says so (:meth:`overrun_s`).
 
 Global rank 0's clock decides and broadcasts every decision (each decision is a collective), so ranks whose clocks
 disagree stop together. The bound is this process's: a resumed job has M minutes again. M = 0 disables the bound,
@@ -58,7 +59,6 @@ class TimeBudget:
     def __init__(self, max_train_minutes: float, clock: Callable[[], float] = time.monotonic):
         self.max_s = 60.0 * max_train_minutes
         self.clock = clock
-        self._deadline = math.inf
         self.start()
 
     @property
