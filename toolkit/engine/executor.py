@@ -169,7 +169,8 @@ class Executor:
         """The epochs left to train (from the resumed one), each set in :attr:`progress` while it runs.
 
         Collective with ``train_conf.max_train_minutes``, which bounds the run from this call (see
-        :mod:`toolkit.engine.time_budget`): no epoch starts whose first step would end past the budget's deadline.
+        :mod:`toolkit.engine.time_budget`): no epoch starts whose loader's start-up would end past the budget's
+        deadline.
         A run that still ends past the bound (a CV + save longer than the longest measured or the estimate, or
         alone longer than the bound) says so in a warning.
         """
@@ -319,13 +320,17 @@ class Executor:
     def cv(self, dataloader) -> EpochStats:
         """Loss over this rank's share of the CV data, then reduced over all ranks (exact: sums, not averages of
         averages). Every rank calls it. Uses the unwrapped model inside :meth:`Engine.evaluation`, so forwards issue
-        no collective and uneven CV shares (even an empty one) need no join."""
+        no collective and uneven CV shares (even an empty one) need no join. Its loader's start-up is what
+        ``max_train_minutes`` expects the next epoch's to take (:meth:`TimeBudget.loader_started`)."""
         engine = self.engine
         model = engine.module
         model.eval()
         stats = EpochStats()
+        started = self.time_budget.clock()
         with engine.evaluation():
-            for batch in dataloader:
+            for index, batch in enumerate(dataloader):
+                if index == 0:  # what the next epoch's loader will take to start (max_train_minutes)
+                    self.time_budget.loader_started(started)
                 if len(batch["keys"]) == 0:
                     stats.add(batch, None)
                     continue

@@ -4,8 +4,8 @@ The bound M counts from :meth:`TimeBudget.start` (the ``training stops there`` l
 and the checkpoint saved or loaded) to the end of the last epoch's CV and save; the run ends by M plus at most one
 optimizer step. Training steps stop at M less the *tail*: the CV + save of the epoch in progress (the time from the
 end of an epoch's training to the start of the next), so that the epoch is cut short there and its CV and save
-still end by M; no epoch starts whose first step (the loader's start-up included) would end past that point, and
-no ``step_N`` checkpoint is written whose save would end past it (the epoch is cut there instead).
+still end by M; no epoch starts whose loader's start-up (as long as the CV loader's last one) would end past that
+point, and no ``step_N`` checkpoint is written whose save would end past it (the epoch is cut there instead).
 
 The tail is the longest measured so far. Before the first one is measured (the first epoch of every start, a
 resumed one included), global rank 0 estimates it from what it has measured by then
@@ -78,12 +78,12 @@ class TimeBudget:
         """
         # Rank 0's clock: when the run started, when the epoch in progress started, its first step ended and its
         # training ended; the longest CV + save (None before one is measured) and first step (loader start-up
-        # included) so far; what the epoch had trained at its first step.
+        # included) so far; what the epoch had trained at its first step; the CV loader's last start-up.
         self._started = self._epoch_started = self._train_ended = self._last_step = self.clock()
         self._first_step_ended: Optional[float] = None
         self._deadline = self._started + self.max_s if self.bounded else math.inf
         self._longest_tail_s: Optional[float] = None
-        self._longest_first_step_s = 0.0
+        self._longest_first_step_s = self._loader_start_s = 0.0
         self._trained_at_first_step = (0, 0.0)
         self._cut_step_late_s = 0.0  # how far past the deadline (at most its own length) the cut step ended
         self._cv, self._save_s = cv, SAVE_TO_LAST_IO * last_io_s
@@ -127,6 +127,11 @@ class TimeBudget:
         self._last_step = now
         return broadcast_from_main(past, "TimeBudget.step_past_deadline")
 
+    def loader_started(self, since: float) -> None:
+        """A loader started at ``since`` (this clock) yielded its first batch now: the start-up the next epoch's
+        loader is expected to take (the CV loader's; the first training loader's also starts the worker server)."""
+        self._loader_start_s = self.clock() - since
+
     def epoch_trained(self) -> None:
         """An epoch's training ended now (its CV and save follow)."""
         self._train_ended = self.clock()
@@ -134,14 +139,14 @@ class TimeBudget:
     def next_epoch_fits(self) -> bool:
         """Collective when bounded (every rank calls it before each epoch but the run's first): keep the time since
         :meth:`epoch_trained` (CV + save) if it is the longest so far, move the deadline back by it, and say
-        whether the next epoch may start: whether its first step, as long as the longest first step so far (the
-        loader's start-up included), ends before the deadline (rank 0's decision)."""
+        whether the next epoch may start: whether its loader's start-up, as long as the last measured by
+        :meth:`loader_started`, ends before the deadline (rank 0's decision)."""
         if not self.bounded:
             return True
         now = self.clock()
         self._longest_tail_s = max(self._longest_tail_s or 0.0, now - self._train_ended)
         self._deadline = self._started + self.max_s - self._longest_tail_s
-        return not broadcast_from_main(now + self._longest_first_step_s >= self._deadline,
+        return not broadcast_from_main(now + self._loader_start_s >= self._deadline,
                                        "TimeBudget.next_epoch_fits")
 
     def seconds_left(self) -> float:

@@ -75,20 +75,16 @@ def test_shards_estimate_from_utterances_alone():
     assert budget.seconds_left() == pytest.approx(60.0 - 7.0 - 2.5)
 
 
-def test_no_epoch_starts_whose_first_step_would_end_past_the_deadline():
-    budget, now = clocked(1.0)
-    budget.epoch_started()
-    steps(budget, now, [3.0, 4.0, 20.0], 8, 4.0)  # the first step, loader start-up included, takes 3 s
-    budget.epoch_trained()
-    now[0] = 47.5  # CV + save: 27.5 s, so steps stop at 32.5 s; a first step from 47.5 s would end at 50.5 s
-    assert not budget.next_epoch_fits()
-
-    budget, now = clocked(1.0)
-    budget.epoch_started()
-    steps(budget, now, [3.0, 4.0, 20.0], 8, 4.0)
-    budget.epoch_trained()
-    now[0] = 30.0  # CV + save 10 s: steps stop at 50 s; a first step from 30 s ends at 33 s
-    assert budget.next_epoch_fits()
+def test_no_epoch_starts_whose_loader_start_up_would_end_past_the_deadline():
+    for loader_start_s, fits in ((2.5, False), (1.5, True)):
+        budget, now = clocked(1.0)
+        budget.epoch_started()
+        steps(budget, now, [3.0, 4.0, 40.0], 8, 4.0)
+        budget.epoch_trained()
+        now[0] = 40.0 + loader_start_s
+        budget.loader_started(40.0)  # the CV loader's first batch came loader_start_s after its start
+        now[0] = 49.0  # CV + save: 9 s, so steps stop at 51 s; a loader started now is ready at 51.5 / 50.5 s
+        assert budget.next_epoch_fits() == fits
 
 
 def test_every_start_estimates_again():
