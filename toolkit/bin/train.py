@@ -52,6 +52,7 @@ from toolkit.engine.compile import compile_blocks
 from toolkit.engine.executor import Executor
 from toolkit.engine.position import data_signature
 from toolkit.engine.stats import require_utterances
+from toolkit.engine.time_budget import CvShare
 from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
@@ -201,9 +202,11 @@ def main(argv=None) -> None:
                      is_empty=lambda batch: len(batch["keys"]) == 0)
     signature = data_signature(None if train_set.planned_batching else ctx.world_size, args.train_data,
                                config.to_dict()["dataset_conf"], train_conf.accum_grad)
+    # max_train_minutes estimates the first CV from the size of the largest rank's share (rank 0 decides)
+    cv_share = CvShare(*cv_set.largest_share()) if train_conf.max_train_minutes and ctx.is_main else CvShare(0)
     executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
                         config.dataset_conf.fbank_conf.frame_shift_s, signature,
-                        count_utterances(args.train_data, config.dataset_conf.data_type))
+                        count_utterances(args.train_data, config.dataset_conf.data_type), cv_share=cv_share)
     checkpoint = args.checkpoint
     if checkpoint == "auto":  # rank 0's choice, so that every rank resumes the same files
         checkpoint = broadcast_object_from_main(newest_checkpoint(args.model_dir), "--checkpoint auto")

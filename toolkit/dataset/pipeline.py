@@ -209,6 +209,22 @@ class AsrDataset(IterableDataset):
             counts[worker // workers] += len(lines)
         return counts
 
+    def largest_share(self) -> Tuple[int, Optional[float]]:
+        """``(utterances, audio seconds)``: the most any rank reads in one pass (epoch 0), each the largest over the
+        ranks. Raw lines count one utterance each and are timed from their audio headers (read here, as for planned
+        batching); shards count what their lines record (a bare path 1), their audio unknown (None)."""
+        workers = max(1, self.conf.dataloader_conf.num_workers)
+        raw = self.conf.data_type == "raw"
+        utts, audio_s = [0] * self.world_size, [0.0] * self.world_size
+        for lines, worker in self.parts(0, workers):
+            rank = worker // workers
+            if raw:
+                utts[rank] += len(lines)
+                audio_s[rank] += sum(processor.audio_seconds(self.lines[i]) for i in lines)
+            else:
+                utts[rank] += sum(shard.parse_shard_line(self.lines[i])[1] or 1 for i in lines)
+        return max(utts), (max(audio_s) if raw else None)
+
     def batches_per_epoch(self) -> Optional[int]:
         """The batches of the rank with the most in epoch 0 when they are planned (:attr:`planned_batching`;
         the same every epoch but with bucket batching, where they can differ by a few), else ``None``: shards and

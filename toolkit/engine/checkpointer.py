@@ -81,6 +81,10 @@ class Checkpointer:
         model_dir: where ``{tag}.pt`` + ``{tag}.yaml`` go.
         train_conf: ``save_interval_steps``, ``save_interval_minutes``, ``keep_last_n``, ``keep_best_n``.
         clock: seconds on a monotonic clock; only global rank 0's is ever read.
+
+    Attributes:
+        last_io_s: seconds the last :meth:`save` or :meth:`load` took on this rank's clock (0 before any), what
+            ``max_train_minutes`` estimates an epoch's save from (:mod:`toolkit.engine.time_budget`).
     """
 
     def __init__(self, engine: Engine, model_dir: str, train_conf: TrainConf,
@@ -94,6 +98,7 @@ class Checkpointer:
         self.clock = clock
         self._hooks: dict[str, tuple[Any, bool, Callable[[list, int], Any] | None]] = {}
         self._last_save = clock() if engine.ctx.is_main else 0.0
+        self.last_io_s = 0.0
 
     def register(self, name: str, obj: Any, main_process_only: bool = True,
                  reshard: Callable[[list, int], Any] | None = None) -> None:
@@ -125,6 +130,7 @@ class Checkpointer:
         """Collective: save the engine and every hook as ``{model_dir}/{tag}.pt`` (+ ``.yaml``), then apply
         retention. Returns the path written."""
         check_collective("Checkpointer.save")
+        started = self.clock()
         path = os.path.join(self.model_dir, f"{tag}.pt")
         extra = self._gather_hook_states()
         self.engine.save(path, info, extra)  # ends in a barrier: the commit marker is on disk for every rank
@@ -133,6 +139,7 @@ class Checkpointer:
         main_process_only(logging.info)("checkpoint: rank %d wrote %s", self.engine.ctx.rank, path)
         if self.keep_last_n > 0 and tag.startswith(RETAINED_PREFIXES):
             run_on_main(self._apply_retention, (path,))  # no rank trains (or loads) on while files are going
+        self.last_io_s = self.clock() - started
         return path
 
     def _gather_hook_states(self) -> dict[str, Any]:
@@ -157,6 +164,7 @@ class Checkpointer:
         """Collective: restore the engine and the hooks from ``path``. Returns the names of the hooks restored
         (a hook missing from the checkpoint, e.g. one written before it was registered, is logged and skipped)."""
         check_collective("Checkpointer.load")
+        started = self.clock()
         extra = self.engine.load(path)
         ctx = self.engine.ctx
         restored = []
@@ -179,6 +187,7 @@ class Checkpointer:
                 continue
             obj.load_state_dict(state)
             restored.append(name)
+        self.last_io_s = self.clock() - started
         return restored
 
 

@@ -45,7 +45,7 @@ from toolkit.engine.checkpointer import Checkpointer
 from toolkit.engine.position import EpochPosition, ResumableDataset, TrainProgress
 from toolkit.engine.stats import (NON_FINITE_LOSS, TOO_FEW_ENCODER_FRAMES, EpochStats, RunningEpochStats,
                                   TrainingRate)
-from toolkit.engine.time_budget import TimeBudget
+from toolkit.engine.time_budget import SAVE_TO_LAST_IO, CvShare, TimeBudget
 from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import load_info
 from toolkit.utils.config_parsing import ConfigError
@@ -104,6 +104,8 @@ class Executor:
         utts_per_epoch: utterances in the training list (all ranks), for the ETA.
         clock: seconds on a monotonic clock, for ``max_train_minutes`` (:class:`TimeBudget`); only global rank 0's
             decides.
+        cv_share: the largest rank's share of a CV pass, from which ``max_train_minutes`` estimates the CV's time
+            before it has measured one (:class:`CvShare`; only global rank 0's is read).
 
     Attributes:
         writer: rank 0's tensorboard ``SummaryWriter`` (None elsewhere, or to log nothing); set it after
@@ -113,7 +115,7 @@ class Executor:
 
     def __init__(self, engine: Engine, join: FlagJoin | MonitoredBarrierJoin, checkpointer: Checkpointer,
                  train_conf: TrainConf, frame_shift_s: float, data_signature: str, utts_per_epoch: int = 0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, cv_share: CvShare = CvShare(0)):
         self.engine = engine
         self.join = join
         self.checkpointer = checkpointer
@@ -121,6 +123,7 @@ class Executor:
         self.log_interval = train_conf.log_interval
         self.max_epoch = train_conf.max_epoch
         self.time_budget = TimeBudget(train_conf.max_train_minutes, clock)
+        self.cv_share = cv_share
         self.cut_short = False
         self.frame_shift_s = frame_shift_s
         self.utts_per_rank = -(-utts_per_epoch // engine.ctx.world_size)
@@ -166,23 +169,32 @@ class Executor:
         """The epochs left to train (from the resumed one), each set in :attr:`progress` while it runs.
 
         Collective with ``train_conf.max_train_minutes``, which bounds the run from this call (see
-        :mod:`toolkit.engine.time_budget`): no epoch starts past the budget's deadline.
+        :mod:`toolkit.engine.time_budget`): no epoch starts whose loader's start-up would end past the budget's
+        deadline.
+        A run that still ends past the bound (a CV + save longer than the longest measured or the estimate, or
+        alone longer than the bound) says so in a warning.
         """
         first = self.progress.epoch
         budget = self.time_budget
-        budget.start()
+        budget.start(self.cv_share, self.checkpointer.last_io_s)
         log = main_process_only(logging.info)
         if budget.bounded:
             log("train_conf.max_train_minutes %g: training stops there, cutting short the epoch in progress, and "
-                "keeps the longest CV + save so far for its end (max_epoch %d)", budget.minutes, self.max_epoch)
+                "keeps the longest CV + save so far for its end, estimated for %d CV utterances until one is "
+                "measured (max_epoch %d)", budget.minutes, self.cv_share.utts, self.max_epoch)
         for epoch in range(first, self.max_epoch):
             if epoch > first and not budget.next_epoch_fits():
                 log("train_conf.max_train_minutes %g: stopping after epoch %d of max_epoch %d: %.1f minutes "
                     "trained, the longest CV + save %.1f s", budget.minutes, epoch - 1, self.max_epoch,
                     budget.minutes_used(), budget.longest_tail_s)
-                return
+                break
             self.progress.epoch = epoch
             yield epoch
+        if budget.overrun_s() > 0:
+            main_process_only(logging.warning)(
+                "train_conf.max_train_minutes %g: the run ended %.1f s past the bound plus its last step: the last "
+                "CV + save took longer than the time kept for it (the longest measured so far, %.1f s, or its "
+                "estimate before one was measured)", budget.minutes, budget.overrun_s(), budget.longest_tail_s)
 
     def train(self, dataloader: Iterable[dict], train_set: ResumableDataset | None = None) -> EpochStats:
         """Train the current epoch (or its rest, after a mid-epoch resume) on this rank's share of the data; every
@@ -195,8 +207,9 @@ class Executor:
 
         With ``train_conf.max_train_minutes``, after every optimizer step global rank 0 decides whether its clock
         has reached the deadline (:meth:`TimeBudget.step_past_deadline`, a collective per step); if so, every rank
-        ends the epoch at that same step (:attr:`cut_short`). The rest of the epoch, including batches the loader or
-        the join already read ahead, is neither trained nor counted.
+        ends the epoch at that same step (:attr:`cut_short`), also where a ``step_N`` checkpoint due there would
+        end past the deadline, and writes none there (the epoch's own follows). The rest of the epoch, including
+        batches the loader or the join already read ahead, is neither trained nor counted.
         """
         progress, engine, join, position = self.progress, self.engine, self.join, self.position
         if progress.batches_in_epoch == 0:
@@ -210,6 +223,7 @@ class Executor:
         model = engine.model
         model.train()
         self._rate = TrainingRate.since(stats)  # what this process trains from here
+        self.time_budget.epoch_started()
         micro = 0  # micro-batches since the last optimizer step
         self.cut_short = False
         engine.zero_grad()
@@ -244,23 +258,33 @@ class Executor:
             if progress.step % self.log_interval == 0:
                 self._log_step(stats, out, loss, lr, grad_norm)
             # NOTE: only here, at an optimizer-step boundary: a checkpoint never holds half an accumulation.
-            if self.checkpointer.step_due(progress.step):
+            save_due = self.checkpointer.step_due(progress.step)
+            if self._cut_here(stats, save_due):
+                break
+            if save_due:
                 self.checkpointer.save(f"step_{progress.step}", {
                     "epoch": progress.epoch, "step": progress.step, "batches_in_epoch": progress.batches_in_epoch,
                     "lr": engine.lr, "tag": f"step_{progress.step}"})
-            if self.time_budget.step_past_deadline():
-                self.cut_short = True
-                main_process_only(logging.info)(
-                    "train_conf.max_train_minutes %g: epoch %d cut short after %d batches (step %d), %.1f minutes "
-                    "trained", self.time_budget.minutes, progress.epoch, progress.batches_in_epoch, progress.step,
-                    self.time_budget.minutes_used())
-                break
         progress.batches_in_epoch = 0
         stats.dropped_batches = join.report.dropped
         engine.zero_grad()  # monitored_barrier mode cannot know the last step: its cut-short accumulation is dropped
         stats = stats.reduce()
         self.time_budget.epoch_trained()
         return stats
+
+    def _cut_here(self, stats: EpochStats, save_due: bool) -> bool:
+        """Collective when bounded: whether the time budget cuts the epoch at this step (:attr:`cut_short`), told
+        what this rank trained since :meth:`train` began and whether a ``step_N`` checkpoint is due here."""
+        budget, progress = self.time_budget, self.progress
+        saving_s = SAVE_TO_LAST_IO * self.checkpointer.last_io_s if save_due else 0.0
+        self.cut_short = budget.step_past_deadline(stats.num_utts - self._rate.num_utts,
+                                                   stats.audio_s - self._rate.audio_s, saving_s)
+        if self.cut_short:
+            main_process_only(logging.info)(
+                "train_conf.max_train_minutes %g: epoch %d cut short after %d batches (step %d), %.1f minutes "
+                "trained", budget.minutes, progress.epoch, progress.batches_in_epoch, progress.step,
+                budget.minutes_used())
+        return self.cut_short
 
     def _epoch_of(self, train_set: ResumableDataset, dataloader) -> Iterable[dict]:
         """The batches of the current epoch from ``dataloader`` over ``train_set``: the set moved to the epoch (to
@@ -296,13 +320,17 @@ class Executor:
     def cv(self, dataloader) -> EpochStats:
         """Loss over this rank's share of the CV data, then reduced over all ranks (exact: sums, not averages of
         averages). Every rank calls it. Uses the unwrapped model inside :meth:`Engine.evaluation`, so forwards issue
-        no collective and uneven CV shares (even an empty one) need no join."""
+        no collective and uneven CV shares (even an empty one) need no join. Its loader's start-up is what
+        ``max_train_minutes`` expects the next epoch's to take (:meth:`TimeBudget.loader_started`)."""
         engine = self.engine
         model = engine.module
         model.eval()
         stats = EpochStats()
+        started = self.time_budget.clock()
         with engine.evaluation():
-            for batch in dataloader:
+            for index, batch in enumerate(dataloader):
+                if index == 0:  # what the next epoch's loader will take to start (max_train_minutes)
+                    self.time_budget.loader_started(started)
                 if len(batch["keys"]) == 0:
                     stats.add(batch, None)
                     continue

@@ -1,19 +1,51 @@
 """``train_conf.max_train_minutes``: a bound on the wall time of one training process, in minutes.
 
-Training steps stop at M minutes less the longest CV + save so far (the time from the end of an epoch's training
-to the start of the next), so that the epoch in progress is cut short there and its CV and save still end by M; no
-epoch starts past that point. Global rank 0's clock decides and broadcasts every decision (each decision is a
-collective), so ranks whose clocks disagree stop together. The bound is this process's: a resumed job has M minutes
-again. M = 0 disables the bound, and then no decision costs a collective.
+The bound M counts from :meth:`TimeBudget.start` (the ``training stops there`` log line, after the model is built
+and the checkpoint saved or loaded) to the end of the last epoch's CV and save; the run ends by M plus at most one
+optimizer step. Training steps stop at M less the *tail*: the CV + save of the epoch in progress (the time from the
+end of an epoch's training to the start of the next), so that the epoch is cut short there and its CV and save
+still end by M; no epoch starts whose loader's start-up (as long as the CV loader's last one) would end past that
+point, and no ``step_N`` checkpoint is written whose save would end past it (the epoch is cut there instead).
+
+The tail is the longest measured so far. Before the first one is measured (the first epoch of every start, a
+resumed one included), global rank 0 estimates it from what it has measured by then
+(:meth:`TimeBudget.tail_estimate_s`), from the epoch's second step on: the CV is a forward-only pass over a known
+share of utterances and seconds of audio, and a training step (loading, forward, backward, update) costs at least
+what loading and the forward pass of the same batch do, so the CV takes at most the loader's start-up plus the
+training time since the first step times the larger of the ratios CV share / trained since the first step, in
+utterances and in audio seconds (a batch costs a fixed part plus a part growing with its audio: the larger ratio
+bounds both); the save at most :data:`SAVE_TO_LAST_IO` times this process's last checkpoint save or load (the
+``init`` checkpoint, or the one it resumed from). The estimate errs high (a CV set of long utterances against
+training on short ones, much more): then the first epoch is cut early, its CV + save measured, and the next epoch
+trains up to M less the measured tail; an estimate too high costs one CV pass, never the bound. A run that ends
+past M anyway (one CV + save longer than M, or slower than the one kept back) says so (:meth:`overrun_s`).
+
+Global rank 0's clock decides and broadcasts every decision (each decision is a collective), so ranks whose clocks
+disagree stop together. The bound is this process's: a resumed job has M minutes again. M = 0 disables the bound,
+and then no decision costs a collective.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from toolkit.distributed.collectives import broadcast_from_main
+
+# An epoch checkpoint holds the weights and up to two optimizer moments per weight (Adam); the init checkpoint only
+# the weights, a resumed one all three.
+SAVE_TO_LAST_IO = 3.0
+
+
+@dataclass(frozen=True)
+class CvShare:
+    """The largest rank's share of one CV pass: ``utts`` utterances and ``audio_s`` seconds of audio (None when
+    unknown before reading it, e.g. shards)."""
+
+    utts: int
+    audio_s: Optional[float] = None
 
 
 class TimeBudget:
@@ -27,11 +59,7 @@ class TimeBudget:
     def __init__(self, max_train_minutes: float, clock: Callable[[], float] = time.monotonic):
         self.max_s = 60.0 * max_train_minutes
         self.clock = clock
-        # Rank 0's clock: when the run started, when its training steps must stop so that the last epoch's CV and
-        # save still end within the bound, when this rank's last epoch of training ended, and the longest CV + save.
-        self._started = self._train_ended = clock()
-        self._deadline = math.inf
-        self._longest_tail_s = 0.0
+        self.start()
 
     @property
     def bounded(self) -> bool:
@@ -41,11 +69,68 @@ class TimeBudget:
     def minutes(self) -> float:
         return self.max_s / 60
 
-    def start(self) -> None:
-        """The run's training starts now: the deadline is M minutes away, no CV + save time kept yet."""
-        self._started = self._train_ended = self.clock()
+    def start(self, cv: CvShare = CvShare(0), last_io_s: float = 0.0) -> None:
+        """The run's training starts now: the deadline is M minutes away, no CV + save measured yet.
+
+        Args:
+            cv: the largest rank's share of a CV pass, what the tail estimate scales.
+            last_io_s: seconds of this process's last checkpoint save or load, what the save estimate scales.
+        """
+        # Rank 0's clock: when the run started, when the epoch in progress started, its first step ended and its
+        # training ended; the longest CV + save (None before one is measured) and first step (loader start-up
+        # included) so far; what the epoch had trained at its first step; the CV loader's last start-up.
+        self._started = self._epoch_started = self._train_ended = self._last_step = self.clock()
+        self._first_step_ended: Optional[float] = None
         self._deadline = self._started + self.max_s if self.bounded else math.inf
-        self._longest_tail_s = 0.0
+        self._longest_tail_s: Optional[float] = None
+        self._longest_first_step_s = self._loader_start_s = 0.0
+        self._trained_at_first_step = (0, 0.0)
+        self._cut_step_late_s = 0.0  # how far past the deadline (at most its own length) the cut step ended
+        self._cv, self._save_s = cv, SAVE_TO_LAST_IO * last_io_s
+
+    def epoch_started(self) -> None:
+        """An epoch's training starts now (its loader is about to start)."""
+        self._epoch_started = self._last_step = self.clock()
+        self._first_step_ended = None
+
+    def tail_estimate_s(self, trained_utts: int, trained_audio_s: float) -> float:
+        """Seconds the CV + save take at most, estimated from the epoch's training so far (see the module
+        docstring): ``trained_utts`` utterances and ``trained_audio_s`` seconds of audio on this rank since
+        :meth:`epoch_started`. 0 without a CV share, and until a step after the epoch's first has trained an
+        utterance."""
+        utts0, audio0 = self._trained_at_first_step
+        utts, audio_s = trained_utts - utts0, trained_audio_s - audio0
+        if self._cv.utts == 0 or self._first_step_ended is None or utts <= 0:
+            return 0.0
+        ratio = self._cv.utts / utts
+        if self._cv.audio_s is not None and audio_s > 0:
+            ratio = max(ratio, self._cv.audio_s / audio_s)
+        return self._longest_first_step_s + (self.clock() - self._first_step_ended) * ratio + self._save_s
+
+    def step_past_deadline(self, trained_utts: int = 0, trained_audio_s: float = 0.0, saving_s: float = 0.0) -> bool:
+        """Collective when bounded (every rank calls it after each optimizer step): whether training stops at this
+        step (rank 0's decision): the step, followed by ``saving_s`` seconds of a ``step_N`` checkpoint due there
+        (0 for none), ends past the deadline. ``trained_utts``, ``trained_audio_s``: this rank's since
+        :meth:`epoch_started`, for the tail estimate while no tail is measured."""
+        if not self.bounded:
+            return False
+        now = self.clock()
+        if self._first_step_ended is None:
+            self._first_step_ended = now
+            self._longest_first_step_s = max(self._longest_first_step_s, now - self._epoch_started)
+            self._trained_at_first_step = (trained_utts, trained_audio_s)
+        elif self._longest_tail_s is None:
+            self._deadline = self._started + self.max_s - self.tail_estimate_s(trained_utts, trained_audio_s)
+        past = now + saving_s >= self._deadline
+        if past:
+            self._cut_step_late_s = min(now - self._last_step, max(0.0, now - self._deadline))
+        self._last_step = now
+        return broadcast_from_main(past, "TimeBudget.step_past_deadline")
+
+    def loader_started(self, since: float) -> None:
+        """A loader started at ``since`` (this clock) yielded its first batch now: the start-up the next epoch's
+        loader is expected to take (the CV loader's; the first training loader's also starts the worker server)."""
+        self._loader_start_s = self.clock() - since
 
     def epoch_trained(self) -> None:
         """An epoch's training ended now (its CV and save follow)."""
@@ -54,22 +139,24 @@ class TimeBudget:
     def next_epoch_fits(self) -> bool:
         """Collective when bounded (every rank calls it before each epoch but the run's first): keep the time since
         :meth:`epoch_trained` (CV + save) if it is the longest so far, move the deadline back by it, and say
-        whether the next epoch may start (rank 0's decision)."""
+        whether the next epoch may start: whether its loader's start-up, as long as the last measured by
+        :meth:`loader_started`, ends before the deadline (rank 0's decision)."""
         if not self.bounded:
             return True
         now = self.clock()
-        self._longest_tail_s = max(self._longest_tail_s, now - self._train_ended)
+        self._longest_tail_s = max(self._longest_tail_s or 0.0, now - self._train_ended)
         self._deadline = self._started + self.max_s - self._longest_tail_s
-        return not broadcast_from_main(now >= self._deadline, "TimeBudget.next_epoch_fits")
-
-    def step_past_deadline(self) -> bool:
-        """Collective when bounded (every rank calls it after each optimizer step): whether training stops at this
-        step (rank 0's decision)."""
-        return self.bounded and broadcast_from_main(self.clock() >= self._deadline, "TimeBudget.step_past_deadline")
+        return not broadcast_from_main(now + self._loader_start_s >= self._deadline,
+                                       "TimeBudget.next_epoch_fits")
 
     def seconds_left(self) -> float:
         """Seconds until training steps stop (inf without a bound); this process's clock, no collective."""
         return self._deadline - self.clock()
+
+    def overrun_s(self) -> float:
+        """Seconds the run is past the bound now beyond the last cut step's own lateness (the "plus one step" the
+        bound allows), 0 within it; this process's clock, no collective."""
+        return max(0.0, self.clock() - self._started - self.max_s - self._cut_step_late_s) if self.bounded else 0.0
 
     def minutes_used(self) -> float:
         """Minutes since :meth:`start`, on this process's clock."""
@@ -77,5 +164,5 @@ class TimeBudget:
 
     @property
     def longest_tail_s(self) -> float:
-        """The longest CV + save so far, in seconds."""
-        return self._longest_tail_s
+        """The longest CV + save so far, in seconds (0 before the first)."""
+        return self._longest_tail_s or 0.0

@@ -21,9 +21,10 @@ class TrainConf:
     """Attributes:
         max_epoch: epochs to train.
         max_train_minutes: also stop training after this many minutes of the run (0 disables): the epoch in
-            progress is cut short at the step where global rank 0's clock reaches the bound less the longest CV +
-            save so far, then cross-validated and saved, so that the run ends by the bound; every rank follows rank
-            0 (:mod:`toolkit.engine.time_budget`). For a budget in time on machines whose speed varies
+            progress is cut short at the step where global rank 0's clock reaches the bound less the CV + save to
+            come (the longest measured so far, estimated before the first), then cross-validated and saved, so that
+            the run ends by the bound plus one step, the first epoch included; every rank follows rank 0
+            (:mod:`toolkit.engine.time_budget`). For a budget in time on machines whose speed varies
             (as fairseq's ``--stop-time-hours``, which stops at the first update past it).
         accum_grad: micro-batches per optimizer step (gradient accumulation).
         grad_clip: max global L2 norm of the gradients; 0 disables clipping (the norm is still logged).

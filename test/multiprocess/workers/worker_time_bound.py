@@ -1,8 +1,10 @@
 """One rank of the ``max_train_minutes`` test: TinyCTC on real tiny_fsdd batches, 4 batches an epoch, under clocks
 that the loader advances by 1 s per batch it reads and a stand-in for CV by 1 s after each epoch (so an epoch takes
-5 s of them, whatever the machine), with ``max_epoch`` 10. Rank 1's clock runs an hour ahead and 5 times as fast:
+5 s of them, whatever the machine), with ``max_epoch`` 10 and a CV share of one batch's utterances (what the first
+epoch's tail estimate scales). Rank 1's clock runs an hour ahead and 5 times as fast:
 deciding on its own it would stop at its first step while rank 0 trains on, and the job would hang in the next
-all-reduce. Writes the epochs trained, with the optimizer steps after each and whether it was cut short.
+all-reduce. Writes the epochs trained, with the optimizer steps after each and whether it was cut short, and its
+clock when the run ended.
 
     worker_time_bound.py OUT_DIR MAX_TRAIN_MINUTES JOIN_MODE
 """
@@ -14,6 +16,7 @@ import torch
 
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.join import FlagJoin, MonitoredBarrierJoin
+from toolkit.engine.time_budget import CvShare
 from toolkit.engine.train_conf import resolve_train_conf
 
 from test.helpers import write_rank_report
@@ -41,12 +44,12 @@ class TickingLoader:
 train_conf = resolve_train_conf({"max_epoch": 10, "max_train_minutes": max_train_minutes})
 engine, _ = prepared_ddp_engine(ctx, train_conf)
 join = FlagJoin(ctx.pg_timeout) if join_mode == "flag" else MonitoredBarrierJoin(ctx.pg_timeout, timeout_s=10)
-executor = executor_for(engine, join, train_conf, out_dir, clock=lambda: now[0])
+executor = executor_for(engine, join, train_conf, out_dir, clock=lambda: now[0], cv_share=CvShare(BATCH_SIZE))
 trained = []
 for epoch in executor.epochs():
     executor.train(TickingLoader())
     now[0] += tick  # cross-validation and the save
     trained.append([epoch, executor.progress.step, executor.cut_short])
-write_rank_report(out_dir, ctx.rank, trained)
+write_rank_report(out_dir, ctx.rank, [trained, now[0]])
 join.close()
 destroy_distributed()

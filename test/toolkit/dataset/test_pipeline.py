@@ -244,6 +244,21 @@ def test_lines_per_rank_and_uneven_partition_log(tmp_path, tokenizer, caplog):
     assert "5 lines do not divide evenly over 2 ranks x 2 workers; lines per rank: [3, 2]" in caplog.text
 
 
+def test_largest_share_counts_utterances_and_header_seconds(tmp_path, tokenizer):
+    """What max_train_minutes scales its first CV estimate by: the largest rank's utterances and audio seconds."""
+    entries = kaldi_entries(FSDD, "dev")[:5]
+    seconds = [sf.info(e["wav"]).frames / sf.info(e["wav"]).samplerate for e in entries]
+    data_list = write_list(tmp_path / "data.list", entries)
+    utts, audio_s = build_dataset(data_list, tokenizer, {"dataloader_conf": {"num_workers": 0}}, mode="cv",
+                                  world_size=2).largest_share()
+    assert utts == 3  # lines 0, 2, 4 to rank 0
+    assert audio_s == pytest.approx(max(sum(seconds[0::2]), sum(seconds[1::2])))
+    shards = write_list(tmp_path / "shards.list", [{"shard": "a.tar", "num_utts": 7}, {"shard": "b.tar", "num_utts": 2},
+                                                   {"shard": "c.tar", "num_utts": 1}])
+    assert build_dataset(shards, tokenizer, {"data_type": "shard", "dataloader_conf": {"num_workers": 0}},
+                         mode="cv", world_size=2).largest_share() == (8, None)  # a + c; audio unknown
+
+
 def test_raw_segments_read_only_their_span(tmp_path, tokenizer):
     entry = kaldi_entries(LJ, "dev")[0]
     entries = [dict(entry, key="seg-a", start=0.0, end=1.0), dict(entry, key="seg-b", start=1.0, end=3.5)]
