@@ -132,11 +132,13 @@ for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_conf
 # Checked now by the trainer's --check_only, in one Python start (each is seconds): the decoding modes by the model's
 # own list (lm_used: whether one of them decodes with the LM); with stage 4 in the range, the config and overrides
 # (the optimizer and LR schedule built on a stand-in parameter: a typo is one line before any work, not one per rank
-# and torchrun's traceback) and --train_engine with --deepspeed_config, so that the averaging is checked against the
-# epochs this run will train, not after them; and the number of GPUs.
+# and torchrun's traceback), --train_engine with --deepspeed_config, train_conf.dtype on this machine and
+# --checkpoint, so that the averaging is checked against the epochs this run will train, not after them; and the
+# number of GPUs.
 check_config=()
 (( stage > 4 || stop_stage < 4 )) || check_config=(--config "$train_config" "${train_overrides[@]}"
-  --train_engine "$train_engine" ${deepspeed_config:+--deepspeed_config "$deepspeed_config"})
+  --train_engine "$train_engine" ${deepspeed_config:+--deepspeed_config "$deepspeed_config"}
+  ${checkpoint:+--checkpoint "$checkpoint"})
 checked=$(python -m toolkit.bin.train --check_only --decode_modes "$decode_modes" "${check_config[@]}") || exit 1
 read -r max_epoch gpus lm_used <<< "$checked"
 (( stage > 4 || stop_stage < 5 || average_num == 0 || max_epoch >= average_num )) ||
