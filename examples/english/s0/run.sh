@@ -151,6 +151,12 @@ decode_nproc_per_node=${decode_nproc_per_node:-$nproc_per_node}
 for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || die "--nproc_per_node, --decode_nproc_per_node and --num_nodes must be positive integers, got '$n'"
 done
+if [ "$num_nodes" -gt 1 ]; then  # now: torchrun retries a host it cannot resolve for ~90 s, then ends in a traceback
+  rdzv_host=${HOST_NODE_ADDR%:*}
+  rdzv_host=${rdzv_host#[}
+  getent hosts "${rdzv_host%]}" > /dev/null ||
+    die "--HOST_NODE_ADDR $HOST_NODE_ADDR: the host '${rdzv_host%]}' does not resolve on $(hostname); give node 0's name or address as every node resolves it (host:port)"
+fi
 
 if (( stage <= 4 && stop_stage >= 4 )); then  # what training reads from the stages before --stage, checked now
   needed=()
@@ -229,14 +235,14 @@ if (( stage <= 3 && stop_stage >= 3 )); then
 fi
 
 if [ "$num_nodes" -gt 1 ]; then  # each job below adds --nproc_per_node (and its own --rdzv_id)
-  launcher=(torchrun --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR"
+  launcher=(python -m toolkit.bin.launch --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR"
             --rdzv_conf="join_timeout=$rdzv_timeout_s")
 else
-  launcher=(torchrun --standalone --nnodes=1)
+  launcher=(python -m toolkit.bin.launch --standalone --nnodes=1)
 fi
 job_id() { [ "$num_nodes" -gt 1 ] && echo "--rdzv_id=toolkit-english-$1"; true; }
-# torchrun, with one line saying so when the nodes never met (torchrun itself ends in a RendezvousTimeoutError
-# traceback)
+# torchrun (toolkit.bin.launch: a refusal of the ranks is one line, not torchrun's traceback), with one line saying
+# so when the nodes never met (torchrun itself ends in a RendezvousTimeoutError traceback)
 launch() {
   local err rc=0
   err=$(mktemp)
