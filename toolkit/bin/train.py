@@ -108,8 +108,8 @@ def get_args(argv=None) -> argparse.Namespace:
 def check_before_ranks(args: argparse.Namespace, config: Config) -> None:
     """What a rank would refuse late (each rank, under torchrun's traceback), refused in one process before any rank
     or file exists; by ``--check_only`` (so run.sh, before launching) and by :func:`main` itself: ``--train_engine``
-    with ``--deepspeed_config`` and its JSON, ``train_conf.dtype`` on this machine's device, and that ``--checkpoint``
-    (unless ``auto``) is a committed checkpoint (its ``.yaml`` beside it).
+    with ``--deepspeed_config`` and its JSON, ``train_conf.dtype`` on this machine's device, that the data lists
+    exist and that ``--checkpoint`` (unless ``auto``) is a committed checkpoint (its ``.yaml`` beside it).
 
     Raises:
         ConfigError: naming the option or key.
@@ -118,6 +118,10 @@ def check_before_ranks(args: argparse.Namespace, config: Config) -> None:
     check_engine_setup(args.train_engine, args.deepspeed_config, config.train_conf,
                        batch.batch_size if batch.batch_type == "static" else None,
                        "cuda" if torch.cuda.is_available() else "cpu")
+    for option in ("train_data", "cv_data"):
+        path = getattr(args, option)
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"--{option} {path}: no such file")
     checkpoint = args.checkpoint
     if checkpoint and checkpoint != "auto":
         committed = checkpoint[:-len(".pt")] + ".yaml" if checkpoint.endswith(".pt") else None

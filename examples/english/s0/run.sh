@@ -151,6 +151,8 @@ decode_nproc_per_node=${decode_nproc_per_node:-$nproc_per_node}
 for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || die "--nproc_per_node, --decode_nproc_per_node and --num_nodes must be positive integers, got '$n'"
 done
+(( gpus == 0 || (nproc_per_node <= gpus && decode_nproc_per_node <= gpus) )) ||
+  die "--nproc_per_node $nproc_per_node / --decode_nproc_per_node $decode_nproc_per_node: this node has $gpus GPU(s), one per process"
 if [ "$num_nodes" -gt 1 ]; then  # now: torchrun retries a host it cannot resolve for ~90 s, then ends in a traceback
   rdzv_host=${HOST_NODE_ADDR%:*}
   rdzv_host=${rdzv_host#[}

@@ -74,3 +74,16 @@ def test_train_refuses_resuming_a_checkpoint_of_another_config_in_one_line(check
                "--override_config", "encoder_conf.output_size 64", "--override_config", "train_conf.max_epoch 2",
                timeout=300)
     assert_one_line(proc, "encoder.embed.out.weight: (96, 608) in the checkpoint, (64, 608) in the model")
+
+
+@pytest.mark.parametrize("option", ["--checkpoint", "--train_data"])
+def test_train_refuses_a_missing_input_before_it_starts_a_rank(tmp_path, option):
+    # Found by each rank under torchrun's traceback before; now by train.py's first step (and --check_only).
+    given = {"--checkpoint": str(tmp_path / "exp" / "epoch_9.pt"), "--train_data": str(tmp_path / "train.list")}
+    (tmp_path / "train.list").write_text("")
+    given[option] = str(tmp_path / "nope")
+    proc = run("-m", "toolkit.bin.train", "--config", CONF, "--train_data", given["--train_data"], "--cv_data",
+               str(tmp_path / "train.list"), "--model_dir", str(tmp_path / "exp"), "--checkpoint",
+               given["--checkpoint"], "--override_config", "tokenizer_conf.symbol_table_path none.txt")
+    assert_one_line(proc, f"{option} {tmp_path / 'nope'}: no such file")
+    assert "rank 0/1" not in proc.stderr and not (tmp_path / "exp").exists()  # no process group was started
