@@ -174,8 +174,9 @@ def test_a_refusal_on_every_rank_is_one_line_through_the_launcher(model, thirtee
                           cwd=REPO_ROOT)
     assert proc.returncode == 2, proc.stderr[-4000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert errors == [f"error: rank 0: --checkpoint {checkpoint} (--config {tmp_path / 'other.yaml'}) does not fit "
-                      "the model of this config (104 tensor(s) differ in shape, the first encoder.embed.out.weight: "
-                      "(96, 608) in the checkpoint, (64, 608) in the model): it was trained with another config; "
-                      "give the train.yaml of its own model dir"], proc.stderr[-4000:]
+    message = (f"--checkpoint {checkpoint} (--config {tmp_path / 'other.yaml'}) does not fit the model of this "
+               "config (104 tensor(s) differ in shape, the first encoder.embed.out.weight: (96, 608) in the "
+               "checkpoint, (64, 608) in the model): it was trained with another config; give the train.yaml of its "
+               "own model dir")
+    assert errors in ([f"error: rank 0: {message}"], [f"error: rank 1: {message}"]), proc.stderr[-4000:]  # the first
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

@@ -65,6 +65,7 @@ def test_recognize_refuses_a_checkpoint_of_another_config_in_one_line(checkpoint
     assert not (tmp_path / "dec").exists()
 
 
+@pytest.mark.multiprocess  # a process group, the data loaders and the TorchScript check first: ~60 s on 2 busy cores
 def test_train_refuses_resuming_a_checkpoint_of_another_config_in_one_line(checkpoint_of_a_96_wide_model):
     tmp_path, conf = checkpoint_of_a_96_wide_model
     data = tmp_path / "test.list"
