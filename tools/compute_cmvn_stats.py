@@ -22,11 +22,11 @@ import sys
 
 from toolkit.dataset.cmvn_stats import compute_stats, read_entries
 from toolkit.train_config import read_config
-from toolkit.utils.config_parsing import exit_on_config_error
+from toolkit.utils.config_parsing import ArgumentParser, exit_on_config_error
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--in_data_list", help="data.list of JSON lines with a 'wav' field")
     source.add_argument("--in_scp", help="Kaldi wav.scp")

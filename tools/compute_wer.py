@@ -21,12 +21,13 @@ Usage (from the repository root, or the recipe directory after ``. ./path.sh``; 
 import argparse
 import sys
 
+from toolkit.utils.config_parsing import ArgumentParser, exit_on_config_error
 from toolkit.utils.kaldi_files import read_table
 from toolkit.utils.metrics import format_report, score
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ref", help="reference Kaldi text file")
     parser.add_argument("hyp", help="hypothesis Kaldi text file")
     parser.add_argument("--cer", action="store_true", help="character error rate instead of word error rate")
@@ -64,4 +65,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)

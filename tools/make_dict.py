@@ -13,10 +13,11 @@ from pathlib import Path
 
 from toolkit.text.tokenizer import write_symbol_table
 from toolkit.text.units import collect_char_units
+from toolkit.utils.config_parsing import ArgumentParser, exit_on_config_error
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("text", help="Kaldi text file: key followed by the transcript")
     parser.add_argument("symbol_table", help="output symbol table")
     args = parser.parse_args()
@@ -26,4 +27,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)

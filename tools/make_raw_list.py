@@ -20,10 +20,11 @@ import argparse
 import sys
 
 from toolkit.dataset.data_list import make_raw_list, reencode_audio, write_raw_list
+from toolkit.utils.config_parsing import ArgumentParser, exit_on_config_error
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wav_root", help="directory that relative wav.scp paths are relative to")
     parser.add_argument("--audio_format", choices=("keep", "flac", "wav"), default="keep",
                         help="keep the source files, or store each utterance as 16-bit FLAC/WAV in --audio_dir")
@@ -53,4 +54,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)

@@ -28,10 +28,11 @@ import sys
 
 from toolkit.dataset.data_list import read_raw_list
 from toolkit.dataset.shard import AUDIO_FORMATS, make_shards, write_shard_list
+from toolkit.utils.config_parsing import ArgumentParser, exit_on_config_error
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num_utts_per_shard", type=int, default=1000)
     parser.add_argument("--num_workers", type=int, default=1, help="processes writing shards")
     parser.add_argument("--prefix", default="shards", help="shard file name prefix")
@@ -59,4 +60,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)

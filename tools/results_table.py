@@ -13,6 +13,7 @@ by ``toolkit.bin.recognize``) and scores them with :mod:`toolkit.utils.metrics` 
 import argparse
 import os
 
+from toolkit.utils.config_parsing import ArgumentParser, exit_on_config_error
 from toolkit.utils.kaldi_files import read_table
 from toolkit.utils.metrics import score
 
@@ -34,7 +35,7 @@ def _rate(rate) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True)
     parser.add_argument("--dir", required=True)
     parser.add_argument("--test_sets", nargs="+", required=True)
@@ -51,4 +52,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)

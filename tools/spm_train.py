@@ -14,10 +14,11 @@ Usage:
 import argparse
 
 from toolkit.text.units import train_sentencepiece
+from toolkit.utils.config_parsing import ArgumentParser, exit_on_config_error
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_type", choices=["unigram", "bpe"], default="unigram")
     parser.add_argument("--vocab_size", type=int, required=True, help="SentencePiece pieces, <unk> included")
     parser.add_argument("text", help="Kaldi text file: key followed by the transcript")
@@ -28,4 +29,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)

@@ -16,10 +16,11 @@ import logging
 from pathlib import Path
 
 from toolkit.text.kneser_ney import write_kneser_ney_arpa
+from toolkit.utils.config_parsing import ArgumentParser, exit_on_config_error
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--order", type=int, default=3, help="n-gram order, 2..6 (what KenLM loads)")
     parser.add_argument("--common_words", type=int, default=0,
                         help="add this many of the most frequent English words as the unigrams' prior (0: none)")
@@ -42,4 +43,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from toolkit.dataset.shard import write_shard
 
@@ -156,3 +157,26 @@ def test_a_missing_input_file_is_one_line(model, thirteen, tmp_path, option):
                           capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV, cwd=REPO_ROOT)
     assert proc.returncode == 2
     assert f"{option} {tmp_path / 'nope'}: no such file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_refusal_on_every_rank_is_one_line_through_the_launcher(model, thirteen, tmp_path):
+    # errors-as-tracebacks under torchrun: each rank refused the checkpoint of another config, and torchrun ended in
+    # its ChildFailedError traceback. Through toolkit.bin.launch (run.sh's launcher) the job says it once.
+    _, test_list, _, _ = thirteen
+    config, checkpoint = model
+    other = yaml.safe_load(open(config))
+    other["encoder_conf"]["output_size"] = 64
+    yaml.safe_dump(other, open(tmp_path / "other.yaml", "w"))
+    proc = subprocess.run([sys.executable, "-m", "toolkit.bin.launch", "--standalone", "--nproc_per_node=2", "-m",
+                           "toolkit.bin.recognize", "--config", str(tmp_path / "other.yaml"), "--checkpoint",
+                           checkpoint, "--test_data", test_list, "--result_dir", str(tmp_path / "out"), "--modes",
+                           "ctc_greedy_search"], capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV,
+                          cwd=REPO_ROOT)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    message = (f"--checkpoint {checkpoint} (--config {tmp_path / 'other.yaml'}) does not fit the model of this "
+               "config (104 tensor(s) differ in shape, the first encoder.embed.out.weight: (96, 608) in the "
+               "checkpoint, (64, 608) in the model): it was trained with another config; give the train.yaml of its "
+               "own model dir")
+    assert errors in ([f"error: rank 0: {message}"], [f"error: rank 1: {message}"]), proc.stderr[-4000:]  # the first
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ import re
 import subprocess
 
 import pytest
+import torch
 
 from test.helpers import REPO_ROOT
 
@@ -47,6 +48,14 @@ from test.helpers import REPO_ROOT
     (["--stage", "5"], "lm_3gram.arpa is missing: run stage 2 (--stage 2), or decode without LM (--lm_order 0)"),
     (["--stage", "5", "--lm_order", "0", "--corpora", "fsdd"],
      "data/test_fsdd/data.list is missing: stage 3 writes it for each of --corpora"),
+    # what the ranks found under torchrun's traceback, or torchrun after 89 s of retries (issue 45)
+    (["--train_engine", "ddp"], "error: train.py: argument --train_engine: invalid choice: 'ddp' (choose from "
+                                "'torch_ddp', 'deepspeed') (see --help)"),
+    (["--checkpoint", "exp/epoch_9.pt"], "--checkpoint exp/epoch_9.pt: no such file"),
+    pytest.param(["--overrides", "train_conf.dtype fp16"], "train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is valid with a GPU")),
+    (["--num_nodes", "2", "--HOST_NODE_ADDR", "nosuchhost.invalid:29400"],
+     "--HOST_NODE_ADDR nosuchhost.invalid:29400: the host 'nosuchhost.invalid' does not resolve on"),
 ])
 def test_bad_options_stop_before_any_stage(tmp_path, options, message):
     proc = subprocess.run(["bash", os.path.join(REPO_ROOT, "run.sh"), "--corpus_dir", str(tmp_path / "nope"),

@@ -39,7 +39,7 @@ import yaml
 
 from toolkit.utils.checkpoint import (MODEL_KEY, checkpoint_number, finite_cv_loss, list_checkpoints,
                                       load_checkpoint, load_info, save_checkpoint)
-from toolkit.utils.config_parsing import ConfigError, exit_on_config_error
+from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.shutdown import freeze_at_exit
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def average_checkpoints(paths: list[str]) -> dict[str, Any]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--src_path", required=True, help="model dir holding epoch_N.pt + epoch_N.yaml")
     parser.add_argument("--dst_model", required=True, help="output .pt (a .yaml listing the sources is written too)")
     parser.add_argument("--num", type=int, default=5, help="how many checkpoints to average (>= 1)")

@@ -59,8 +59,8 @@ from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, d
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import read_config
-from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, load_checkpoint
-from toolkit.utils.config_parsing import ConfigError, exit_on_config_error
+from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, check_model_state, load_checkpoint
+from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
 from toolkit.utils.shutdown import freeze_at_exit
 LM_DEFAULTS = {"lm_weight": 0.5, "word_bonus": 0.0, "oov_penalty": 0.0, "spelling_lm": ""}
@@ -69,7 +69,7 @@ UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
 
 
 def get_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the model dir's train.yaml")
     parser.add_argument("--override_config", action="append", default=[])
     parser.add_argument("--checkpoint", required=True)
@@ -256,8 +256,7 @@ def main(argv=None) -> None:
                         format=f"%(asctime)s rank{ctx.rank} %(levelname)s %(message)s")
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    # 2. config, tokenizer (it must fit the model); this rank's share of the test set; every rank reads the
-    # references (key order)
+    # 2. config, tokenizer (it must fit the model)
     config = read_config(args.config, args.override_config)
     for option, path in (("--checkpoint", args.checkpoint), ("--test_data", args.test_data), ("--lm", args.lm),
                          ("--spelling_lm", args.spelling_lm)):
@@ -265,6 +264,20 @@ def main(argv=None) -> None:
             raise ConfigError(f"{option} {path}: no such file")
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
     check_model_fits_table(tokenizer, config.output_dim, args.config)
+    # 3. the model with the checkpoint's weights, before any data or LM is read: a checkpoint of another config
+    # stops here, in one line
+    model = init_model(config)
+    saved = load_checkpoint(args.checkpoint)[MODEL_KEY]
+    check_model_state(model.state_dict(), saved, f"--checkpoint {args.checkpoint} (--config {args.config})")
+    model.load_state_dict(saved)
+    model.to(ctx.device).eval()
+    try:  # checked once here, so that a bad weight stops the job before it decodes anything
+        args.reverse_weight = model.rescoring_reverse_weight(args.reverse_weight)
+    except ValueError as e:
+        raise ConfigError(f"--reverse_weight {args.reverse_weight}: must be in [0, 1], and > 0 only for a model with "
+                          f"the bidirectional decoder (decoder: bitransformer); {args.config} has "
+                          f"decoder: {config.decoder}") from e
+    # 4. the LM; this rank's share of the test set; every rank reads the references (key order)
     lm = None
     given = [f"--{name}" for name in LM_DEFAULTS if getattr(args, name) is not None]
     if given and not args.lm:
@@ -294,29 +307,19 @@ def main(argv=None) -> None:
     references: dict[str, str] = {}
     for key, text in listed:
         references.setdefault(key, text)
-    # 3. model
-    model = init_model(config)
-    model.load_state_dict(load_checkpoint(args.checkpoint)[MODEL_KEY])
-    model.to(ctx.device).eval()
-    try:  # checked once here, so that a bad weight stops the job before it decodes anything
-        args.reverse_weight = model.rescoring_reverse_weight(args.reverse_weight)
-    except ValueError as e:
-        raise ConfigError(f"--reverse_weight {args.reverse_weight}: must be in [0, 1], and > 0 only for a model with "
-                          f"the bidirectional decoder (decoder: bitransformer); {args.config} has "
-                          f"decoder: {config.decoder}") from e
-    # 4. decode this rank's share; the bar on rank 0 counts every rank's utterances
+    # 5. decode this rank's share; the bar on rank 0 counts every rank's utterances
     start = time.perf_counter()
     with JobProgress(total=len(listed), desc="decode", unit="utt") as progress, torch.no_grad():
         local = decode_share(model, loader, tokenizer, lm, args, ctx.device, progress)
     wall_s = time.perf_counter() - start  # until the last rank finished
-    # 5. gather once; de-duplicate by key; every rank scores its own utterances, counts summed across ranks
+    # 6. gather once; de-duplicate by key; every rank scores its own utterances, counts summed across ranks
     job = gather_results(local)
     if sum(job.decoded_per_rank) == 0:  # every rank knows it: the job is gathered on all
         raise ConfigError(f"--test_data {args.test_data}: not one utterance was decoded (of {len(listed)} listed; "
                           "the warnings above say why each was skipped); is it a data.list of this data_type?")
     scores = score_across_ranks(references, job.hyps, job.owner)
     audio_s = job.num_frames * dataset_conf.fbank_conf.frame_shift_s - job.padding_s  # the real audio
-    # 6. rank 0 writes the texts, the scores and the summary
+    # 7. rank 0 writes the texts, the scores and the summary
     summary = summarize(args, job, listed, references, scores, audio_s, wall_s, progress)
     write_results(args.result_dir, references, job, scores, summary)
     destroy_distributed()

@@ -46,7 +46,7 @@ from toolkit.distributed.context import DistContext, destroy_distributed, init_d
 from toolkit.distributed.join import init_join
 from toolkit.distributed.main_only import main_process_only, run_on_main
 from toolkit.distributed.shared_dir import check_shared_dir
-from toolkit.engine import ENGINE_CHOICES, Engine, check_engine_args, init_engine
+from toolkit.engine import ENGINE_CHOICES, Engine, check_engine_args, check_engine_setup, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.compile import compile_blocks
 from toolkit.engine.executor import Executor
@@ -59,7 +59,7 @@ from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, d
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import Config, read_config
 from toolkit.utils.checkpoint import newest_checkpoint
-from toolkit.utils.config_parsing import ConfigError, exit_on_config_error
+from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.rng import seed_global_rngs
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 from toolkit.utils.shutdown import freeze_at_exit
@@ -71,7 +71,7 @@ RUN_ARGS = ("train_data", "cv_data", "model_dir")
 
 
 def get_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="training YAML (required, but optional with --check_only)")
     parser.add_argument("--override_config", action="append", default=[],
                         help='"key.sub value" (YAML value; a mapping merges into its section); repeatable; the key '
@@ -106,17 +106,41 @@ def get_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def check_before_ranks(args: argparse.Namespace, config: Config) -> None:
+    """What a rank would refuse late (each rank, under torchrun's traceback), refused in one process before any rank
+    or file exists; by ``--check_only`` (so run.sh, before launching) and by :func:`main` itself: ``--train_engine``
+    with ``--deepspeed_config`` and its JSON, ``train_conf.dtype`` on this machine's device, that the data lists
+    exist and that ``--checkpoint`` (unless ``auto``) is a committed checkpoint (its ``.yaml`` beside it).
+
+    Raises:
+        ConfigError: naming the option or key.
+    """
+    batch = config.dataset_conf.batch_conf
+    check_engine_setup(args.train_engine, args.deepspeed_config, config.train_conf,
+                       batch.batch_size if batch.batch_type == "static" else None,
+                       "cuda" if torch.cuda.is_available() else "cpu")
+    for option in ("train_data", "cv_data"):
+        path = getattr(args, option)
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"--{option} {path}: no such file")
+    checkpoint = args.checkpoint
+    if checkpoint and checkpoint != "auto":
+        committed = checkpoint[:-len(".pt")] + ".yaml" if checkpoint.endswith(".pt") else None
+        if not os.path.isfile(checkpoint):
+            raise ConfigError(f"--checkpoint {checkpoint}: no such file (--checkpoint auto resumes the newest one in "
+                              "the model dir, if any)")
+        if committed is None or not os.path.isfile(committed):
+            raise ConfigError(f"--checkpoint {checkpoint}: no {os.path.basename(str(committed))} beside it, so it is "
+                              "not a committed checkpoint (its save never finished); resume from another one")
+
+
 def check_only(args: argparse.Namespace) -> None:
     """``--check_only``: what a run would refuse late, refused before any rank or file exists, in one process start
     (importing torch takes seconds): the config with its overrides (read as step 1 of :func:`main` reads it, the
     optimizer and LR scheduler built as step 5 builds them, on a stand-in parameter; ``max_steps``: any count where
-    the trainer will count one), ``--train_engine`` with ``--deepspeed_config`` and the decoding modes the model will
-    be decoded with (the model's own list).
+    the trainer will count one), :func:`check_before_ranks` (without ``--config``: ``--train_engine`` with
+    ``--deepspeed_config``) and the decoding modes the model will be decoded with (the model's own list).
     Prints ``MAX_EPOCH GPUS LM_USED``; an error is one line on stderr and exit status 1."""
-    try:
-        check_engine_args(args.train_engine, args.deepspeed_config)
-    except ConfigError as e:
-        sys.exit(str(e))
     lm_used = 0
     if args.decode_modes is not None:
         modes = args.decode_modes.split()
@@ -134,6 +158,13 @@ def check_only(args: argparse.Namespace) -> None:
         except ConfigError as e:
             sys.exit(f"--config/--override_config: {e}")
         max_epoch = config.train_conf.max_epoch
+    try:
+        if args.config is None:
+            check_engine_args(args.train_engine, args.deepspeed_config)
+        else:
+            check_before_ranks(args, config)
+    except ConfigError as e:
+        sys.exit(str(e))
     print(max_epoch, torch.cuda.device_count(), lm_used)
 
 
@@ -168,8 +199,10 @@ def main(argv=None) -> None:
         check_only(args)
         return
     setup_logging()
-    # 1. the config, resolved once: YAML + --override_config (any key of a typed section, even one the YAML omits)
+    # 1. the config, resolved once: YAML + --override_config (any key of a typed section, even one the YAML omits);
+    # what only a rank would find wrong (engine, dtype on this device, --checkpoint), found now
     config = read_config(args.config, args.override_config)
+    check_before_ranks(args, config)
     train_conf = config.train_conf
     # 2. process group and rank context (torchrun environment, read once)
     ctx = init_distributed(args.pg_timeout_s)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from toolkit.utils.config_parsing import ConfigError
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -88,6 +90,9 @@ def init_distributed(timeout_s: float = 1800.0) -> DistContext:
 
     Args:
         timeout_s: process-group timeout in seconds; a collective that waits longer fails instead of hanging.
+
+    Raises:
+        ConfigError: with GPUs, a local rank beyond this node's GPU count (more processes per node than GPUs).
     """
     rank = _env_int("RANK", 0)
     world_size = _env_int("WORLD_SIZE", 1)
@@ -96,6 +101,9 @@ def init_distributed(timeout_s: float = 1800.0) -> DistContext:
     use_cuda = torch.cuda.is_available()
     backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
+        if local_rank >= torch.cuda.device_count():  # NOTE: else set_device's "invalid device ordinal" traceback
+            raise ConfigError(f"local rank {local_rank} has no GPU: this node has {torch.cuda.device_count()}; start "
+                              "at most that many processes per node (torchrun/run.sh --nproc_per_node)")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolkit.distributed.context import DistContext
-from toolkit.engine.base import Engine
+from toolkit.engine.base import Engine, check_dtype
 from toolkit.engine.deepspeed import DeepSpeedEngine, check_deepspeed_config, load_deepspeed_config
 from toolkit.engine.torch_ddp import TorchDDPEngine
 from toolkit.engine.train_conf import TrainConf
@@ -11,7 +11,7 @@ from toolkit.utils.config_parsing import ConfigError
 
 ENGINE_CHOICES = ("torch_ddp", "deepspeed")
 
-__all__ = ["ENGINE_CHOICES", "Engine", "check_engine_args", "init_engine"]
+__all__ = ["ENGINE_CHOICES", "Engine", "check_engine_args", "check_engine_setup", "init_engine"]
 
 
 def check_engine_args(train_engine: str, deepspeed_config: str | None) -> None:
@@ -19,6 +19,22 @@ def check_engine_args(train_engine: str, deepspeed_config: str | None) -> None:
     if (train_engine == "deepspeed") != (deepspeed_config is not None):
         raise ConfigError("--deepspeed_config goes with --train_engine deepspeed, and only with it "
                           f"(got --train_engine {train_engine}, --deepspeed_config {deepspeed_config})")
+
+
+def check_engine_setup(train_engine: str, deepspeed_config: str | None, train_conf: TrainConf,
+                       micro_batch_size: int | None, device_type: str) -> None:
+    """What :func:`init_engine` refuses on every rank, checked in one process before any rank starts (the trainer's
+    ``--check_only`` and its first step): :func:`check_engine_args`, the DeepSpeed JSON against the YAML, and
+    ``train_conf.dtype`` on ``device_type`` (``"cuda"`` or ``"cpu"``: the ranks' device).
+
+    Raises:
+        ConfigError: naming the option or key and what to do.
+    """
+    check_engine_args(train_engine, deepspeed_config)
+    check_dtype(train_conf.dtype, device_type)
+    if train_engine == "deepspeed":
+        check_deepspeed_config(load_deepspeed_config(deepspeed_config), train_conf, micro_batch_size,
+                               deepspeed_config)
 
 
 def init_engine(train_engine: str, ctx: DistContext, train_conf: TrainConf, find_unused_parameters: bool,

@@ -15,10 +15,16 @@ import torch
 
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import check_collective, run_on_main
-from toolkit.utils.checkpoint import EXTRA_KEY, load_checkpoint, save_checkpoint
+from toolkit.utils.checkpoint import EXTRA_KEY, MODEL_KEY, check_model_state, load_checkpoint, save_checkpoint
 from toolkit.utils.config_parsing import ConfigError
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_dtype(dtype: str, device_type: str) -> None:
+    """Raises ConfigError for ``fp16`` on a device other than ``"cuda"`` (CPU autocast has no fp16 loss scaling)."""
+    if dtype == "fp16" and device_type != "cuda":
+        raise ConfigError("train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU")
 
 
 class Engine(abc.ABC):
@@ -34,8 +40,7 @@ class Engine(abc.ABC):
     """
 
     def __init__(self, ctx: DistContext, dtype: str, grad_clip: float):
-        if dtype == "fp16" and ctx.device.type != "cuda":
-            raise ConfigError("train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU")
+        check_dtype(dtype, ctx.device.type)
         self.ctx = ctx
         self.dtype = dtype
         self.grad_clip = grad_clip
@@ -121,7 +126,9 @@ class Engine(abc.ABC):
 
         Raises:
             FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
+            ConfigError: its model does not fit this run's (:func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         state = load_checkpoint(path)
+        check_model_state(self.module.state_dict(), state[MODEL_KEY], f"--checkpoint {path}")
         self.load_state_dict(state)
         return state.get(EXTRA_KEY, {})

@@ -8,12 +8,14 @@ composed and decomposed form gives the same units and no combining accent become
 """
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import sentencepiece as spm
 
 from toolkit.text.tokenizer import WORD_BOUNDARY, strip_special_symbols, text_to_char_units, write_symbol_table
+from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.unicode_text import normalize_unicode
 
 
@@ -38,12 +40,27 @@ def collect_char_units(text_file: str) -> list:
     return sorted(units)
 
 
+def _vocab_size_error(message: str, text_file: str, model_type: str, vocab_size: int) -> str:
+    """One line for SentencePiece's refusal ``message``, saying which vocabulary sizes ``text_file`` allows."""
+    most = re.search(r"value <= (\d+)", message)
+    least = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+    if most:
+        return (f"--vocab_size {vocab_size}: the transcripts of {text_file} allow at most {most.group(1)} "
+                f"{model_type} pieces; pass --vocab_size {most.group(1)} or less (run.sh: --nbpe)")
+    if least:
+        return (f"--vocab_size {vocab_size}: the transcripts of {text_file} hold {int(least.group(1)) - 1} "
+                f"characters, so it needs at least {least.group(1)} pieces (they and <unk>); pass --vocab_size "
+                f"{least.group(1)} or more (run.sh: --nbpe)")
+    return f"SentencePiece refused {text_file} with --vocab_size {vocab_size}: {' '.join(message.split())}"
+
+
 def train_sentencepiece(text_file: str, model_prefix: str, model_type: str, vocab_size: int) -> str:
     """Train a SentencePiece model (Kudo & Richardson 2018) on the transcripts of a Kaldi ``text`` file (keys
     stripped) and write its symbol table ``<model_prefix>.units.txt``; returns that path.
 
     Raises:
-        RuntimeError: SentencePiece rejects the settings (e.g. vocab_size too large for the text).
+        ConfigError: SentencePiece rejects the settings, in one line: a ``vocab_size`` the text cannot fill says the
+            largest one it allows, one below the text's characters the smallest.
     """
     transcripts = read_transcripts(text_file)
     Path(model_prefix).parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +75,8 @@ def train_sentencepiece(text_file: str, model_prefix: str, model_type: str, voca
             # characters too, so that the model's text and the scorer's differ (https://github.com/google/
             # sentencepiece/blob/master/doc/normalization.md)
             normalization_rule_name="identity")
+    except RuntimeError as e:
+        raise ConfigError(_vocab_size_error(str(e), text_file, model_type, vocab_size)) from e
     finally:
         os.unlink(tmp.name)
     sp = spm.SentencePieceProcessor()

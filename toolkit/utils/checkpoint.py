@@ -30,6 +30,8 @@ from typing import Any, Callable
 import torch
 import yaml
 
+from toolkit.utils.config_parsing import ConfigError
+
 MODEL_KEY = "model"
 OPTIMIZER_KEY = "optimizer"
 SCHEDULER_KEY = "scheduler"
@@ -95,6 +97,37 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     if MODEL_KEY not in state:
         raise KeyError(f"{path}: no '{MODEL_KEY}' entry; keys are {sorted(state)}")
     return state
+
+
+def check_model_state(model_state: dict[str, Any], saved: dict[str, Any], source: str) -> None:
+    """Refuse a saved model ``state_dict`` that does not fit a model, before ``load_state_dict`` lists every tensor.
+
+    Args:
+        model_state: the model's own ``state_dict()`` (the shapes its config builds).
+        saved: the checkpoint's ``model`` entry.
+        source: what the message names first (``"--checkpoint exp/epoch_3.pt"``).
+
+    Raises:
+        ConfigError: one line naming the first tensor whose shape differs, with both shapes (checkpoint, model), and
+            how many differ, are missing from the checkpoint or unknown to the model: a checkpoint of another
+            config (another width or number of blocks, another vocabulary).
+    """
+    differ = [key for key, value in model_state.items() if key in saved and isinstance(value, torch.Tensor)
+              and isinstance(saved[key], torch.Tensor) and value.shape != saved[key].shape]
+    missing = [key for key in model_state if key not in saved]
+    unexpected = [key for key in saved if key not in model_state]
+    if not (differ or missing or unexpected):
+        return
+    parts = []
+    if differ:
+        key = differ[0]
+        parts.append(f"{len(differ)} tensor(s) differ in shape, the first {key}: {tuple(saved[key].shape)} in the "
+                     f"checkpoint, {tuple(model_state[key].shape)} in the model")
+    for keys, what in ((missing, "missing from the checkpoint"), (unexpected, "unknown to the model")):
+        if keys:
+            parts.append(f"{len(keys)} key(s) {what}, the first {keys[0]}")
+    raise ConfigError(f"{source} does not fit the model of this config ({'; '.join(parts)}): it was trained with "
+                      "another config; give the train.yaml of its own model dir")
 
 
 def load_extra_state(path: str) -> dict[str, Any]:

@@ -15,11 +15,15 @@ silently adds a key that nothing reads.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
+import json
 import logging
 import math
+import os
 import sys
+import time
 import types
 import typing
 from typing import Any, Callable, Literal, TypeVar, Union
@@ -34,13 +38,39 @@ class ConfigError(ValueError):
 
 
 def exit_on_config_error(main: Callable[[], None]) -> None:
-    """Run a command-line ``main()``; a :class:`ConfigError` becomes one logged line and exit status 2 instead of a
-    traceback (the message already says what to fix)."""
+    """Run a command-line ``main()``; a :class:`ConfigError` (and so a bad option of an :class:`ArgumentParser`)
+    becomes one line and exit status 2 instead of a traceback (the message already says what to fix).
+
+    A rank under torchrun does not log it: it writes it to torchrun's error file (``TORCHELASTIC_ERROR_FILE``),
+    and the launcher reports it once for the job (``toolkit.bin.launch`` as one line; plain torchrun as the
+    "traceback" of its failure summary), instead of once per rank."""
     try:
         main()
     except ConfigError as e:
-        logging.error("%s", e)
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if error_file:
+            with open(error_file, "w", encoding="utf-8") as f:  # torchrun's ErrorHandler format, one line inside
+                json.dump({"message": {"message": f"{ERROR_PREFIX}{e}", "extraInfo": {
+                    "py_callstack": str(e), "timestamp": str(int(time.time()))}}}, f)
+        elif logging.getLogger().handlers:  # the command's log format (time, rank)
+            logging.error("%s", e)
+        else:  # before the command set up logging (its options): the line alone
+            print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+# How a rank's error file marks a ConfigError, for the launcher to report it as one line.
+ERROR_PREFIX = "ConfigError: "
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors (an unknown option, an invalid choice, a missing argument) raise a
+    one-line :class:`ConfigError` (``train.py: argument --train_engine: invalid choice: 'x' (choose from
+    'torch_ddp', 'deepspeed')``) instead of printing the usage block: run ``main()`` through
+    :func:`exit_on_config_error`."""
+
+    def error(self, message: str):
+        raise ConfigError(f"{self.prog}: {message} (see --help)")
 
 
 def load_config(path: str) -> dict:

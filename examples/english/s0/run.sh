@@ -26,7 +26,7 @@ corpus_dir=../../../corpora          # <corpus>/data/{train,dev,test}/{wav.scp,t
 corpora="speechocean762 kathleen ljspeech fsdd"
 data=data
 dir=exp/conformer
-tensorboard_dir=tensorboard
+tensorboard_dir=tensorboard            # curves of --dir exp/conformer: tensorboard/exp/conformer (a folder per model dir)
 train_config=conf/train_conformer.yaml
 overrides=                           # extra training overrides, ';'-separated: "train_conf.max_epoch 3;optim_conf.lr 0.001"
 token_type=char                      # char | bpe
@@ -132,11 +132,13 @@ for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_conf
 # Checked now by the trainer's --check_only, in one Python start (each is seconds): the decoding modes by the model's
 # own list (lm_used: whether one of them decodes with the LM); with stage 4 in the range, the config and overrides
 # (the optimizer and LR schedule built on a stand-in parameter: a typo is one line before any work, not one per rank
-# and torchrun's traceback) and --train_engine with --deepspeed_config, so that the averaging is checked against the
-# epochs this run will train, not after them; and the number of GPUs.
+# and torchrun's traceback), --train_engine with --deepspeed_config, train_conf.dtype on this machine and
+# --checkpoint, so that the averaging is checked against the epochs this run will train, not after them; and the
+# number of GPUs.
 check_config=()
 (( stage > 4 || stop_stage < 4 )) || check_config=(--config "$train_config" "${train_overrides[@]}"
-  --train_engine "$train_engine" ${deepspeed_config:+--deepspeed_config "$deepspeed_config"})
+  --train_engine "$train_engine" ${deepspeed_config:+--deepspeed_config "$deepspeed_config"}
+  ${checkpoint:+--checkpoint "$checkpoint"})
 checked=$(python -m toolkit.bin.train --check_only --decode_modes "$decode_modes" "${check_config[@]}") || exit 1
 read -r max_epoch gpus lm_used <<< "$checked"
 (( stage > 4 || stop_stage < 5 || average_num == 0 || max_epoch >= average_num )) ||
@@ -149,6 +151,14 @@ decode_nproc_per_node=${decode_nproc_per_node:-$nproc_per_node}
 for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || die "--nproc_per_node, --decode_nproc_per_node and --num_nodes must be positive integers, got '$n'"
 done
+(( gpus == 0 || (nproc_per_node <= gpus && decode_nproc_per_node <= gpus) )) ||
+  die "--nproc_per_node $nproc_per_node / --decode_nproc_per_node $decode_nproc_per_node: this node has $gpus GPU(s), one per process"
+if [ "$num_nodes" -gt 1 ]; then  # now: torchrun retries a host it cannot resolve for ~90 s, then ends in a traceback
+  rdzv_host=${HOST_NODE_ADDR%:*}
+  rdzv_host=${rdzv_host#[}
+  getent hosts "${rdzv_host%]}" > /dev/null ||
+    die "--HOST_NODE_ADDR $HOST_NODE_ADDR: the host '${rdzv_host%]}' does not resolve on $(hostname); give node 0's name or address as every node resolves it (host:port)"
+fi
 
 if (( stage <= 4 && stop_stage >= 4 )); then  # what training reads from the stages before --stage, checked now
   needed=()
@@ -227,14 +237,14 @@ if (( stage <= 3 && stop_stage >= 3 )); then
 fi
 
 if [ "$num_nodes" -gt 1 ]; then  # each job below adds --nproc_per_node (and its own --rdzv_id)
-  launcher=(torchrun --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR"
+  launcher=(python -m toolkit.bin.launch --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR"
             --rdzv_conf="join_timeout=$rdzv_timeout_s")
 else
-  launcher=(torchrun --standalone --nnodes=1)
+  launcher=(python -m toolkit.bin.launch --standalone --nnodes=1)
 fi
 job_id() { [ "$num_nodes" -gt 1 ] && echo "--rdzv_id=toolkit-english-$1"; true; }
-# torchrun, with one line saying so when the nodes never met (torchrun itself ends in a RendezvousTimeoutError
-# traceback)
+# torchrun (toolkit.bin.launch: a refusal of the ranks is one line, not torchrun's traceback), with one line saying
+# so when the nodes never met (torchrun itself ends in a RendezvousTimeoutError traceback)
 launch() {
   local err rc=0
   err=$(mktemp)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from toolkit.bin.train import main
+from toolkit.utils.config_parsing import ConfigError
 
 from test.helpers import REPO_ROOT
 
@@ -32,6 +33,14 @@ def test_it_prints_max_epoch_gpus_and_whether_a_mode_uses_the_lm(tmp_path, capsy
      "--config/--override_config: scheduler_conf: warmup_steps must be an integer"),
     (["--train_engine", "deepspeed"], "--deepspeed_config goes with --train_engine deepspeed, and only with it"),
     (["--deepspeed_config", "conf/ds_stage2.json"], "--deepspeed_config goes with --train_engine deepspeed"),
+    # what only the ranks found, after torchrun started them (issue 45)
+    (["--config", CONF, "--checkpoint", "exp/epoch_3.pt"],
+     "--checkpoint exp/epoch_3.pt: no such file (--checkpoint auto resumes"),
+    pytest.param(["--config", CONF, "--override_config", "train_conf.dtype fp16"],
+                 "train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is valid with a GPU")),
+    (["--config", CONF, "--train_engine", "deepspeed", "--deepspeed_config", "none.json"],
+     "--deepspeed_config none.json: file not found"),
 ])
 def test_an_error_is_one_line_and_exit_status_1(args, message):
     with pytest.raises(SystemExit) as stop:
@@ -39,7 +48,14 @@ def test_an_error_is_one_line_and_exit_status_1(args, message):
     assert str(stop.value.code).startswith(message) and "\n" not in str(stop.value.code)
 
 
-def test_a_run_still_needs_its_data_and_model_dir():
+def test_a_checkpoint_without_its_yaml_is_refused_before_any_rank(tmp_path):
+    (tmp_path / "step_8.pt").write_bytes(b"")  # a save that never finished
     with pytest.raises(SystemExit) as stop:
+        main(["--check_only", "--config", CONF, "--checkpoint", str(tmp_path / "step_8.pt")])
+    assert str(stop.value.code) == (f"--checkpoint {tmp_path / 'step_8.pt'}: no step_8.yaml beside it, so it is not "
+                                    "a committed checkpoint (its save never finished); resume from another one")
+
+
+def test_a_run_still_needs_its_data_and_model_dir():
+    with pytest.raises(ConfigError, match="the following arguments are required: --train_data, --cv_data"):
         main(["--config", CONF])
-    assert stop.value.code == 2

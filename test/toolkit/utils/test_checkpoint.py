@@ -123,3 +123,20 @@ def test_the_newest_checkpoint_is_the_furthest_committed_step(tmp_path):
     (tmp_path / "step_12.yaml").unlink()  # uncommitted: a save the crash interrupted
     save("epoch_9", 9)  # ordered by the steps trained, not by the number in the name
     assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "epoch_1.pt")
+
+
+def test_a_model_state_of_another_shape_is_one_line_naming_the_first_key_and_both_shapes():
+    from toolkit.utils.checkpoint import check_model_state
+    from toolkit.utils.config_parsing import ConfigError
+
+    model = {"embed.weight": torch.zeros(64, 608), "out.weight": torch.zeros(19, 64), "blocks.0.w": torch.zeros(2)}
+    check_model_state(model, {key: value.clone() for key, value in model.items()}, "--checkpoint a.pt")  # fits
+    saved = {"embed.weight": torch.zeros(96, 608), "out.weight": torch.zeros(19, 96), "blocks.1.w": torch.zeros(2)}
+    with pytest.raises(ConfigError) as error:
+        check_model_state(model, saved, "--checkpoint a.pt")
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("--checkpoint a.pt does not fit")
+    assert ("2 tensor(s) differ in shape, the first embed.weight: (96, 608) in the checkpoint, (64, 608) in the model"
+            in message)
+    assert "1 key(s) missing from the checkpoint, the first blocks.0.w" in message
+    assert "1 key(s) unknown to the model, the first blocks.1.w" in message
