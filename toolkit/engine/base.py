@@ -15,7 +15,7 @@ import torch
 
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import check_collective, run_on_main
-from toolkit.utils.checkpoint import EXTRA_KEY, load_checkpoint, save_checkpoint
+from toolkit.utils.checkpoint import EXTRA_KEY, MODEL_KEY, check_model_state, load_checkpoint, save_checkpoint
 from toolkit.utils.config_parsing import ConfigError
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -97,6 +97,10 @@ class Engine(abc.ABC):
         """Everything to resume: model, optimizer, scheduler and scaler under the keys of
         :mod:`toolkit.utils.checkpoint`."""
 
+    def model_shapes(self) -> dict[str, tuple[int, ...]]:
+        """``{key: shape}`` of the unwrapped model's ``state_dict``: what a checkpoint must hold to load."""
+        return {key: tuple(value.shape) for key, value in self.module.state_dict(keep_vars=True).items()}
+
     @abc.abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; optimizer/scheduler entries are optional."""
@@ -121,7 +125,9 @@ class Engine(abc.ABC):
 
         Raises:
             FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
+            ConfigError: ``path`` holds a model of another shape (:func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         state = load_checkpoint(path)
+        check_model_state(self.model_shapes(), state[MODEL_KEY], path)
         self.load_state_dict(state)
         return state.get(EXTRA_KEY, {})

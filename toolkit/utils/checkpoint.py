@@ -23,10 +23,12 @@ import os
 import re
 import secrets
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import yaml
+
+from toolkit.utils.config_parsing import ConfigError
 
 MODEL_KEY = "model"
 OPTIMIZER_KEY = "optimizer"
@@ -78,8 +80,9 @@ def save_checkpoint(path: str, state: dict[str, Any], info: dict[str, Any]) -> N
     atomic_write(yaml_path, lambda f: yaml.safe_dump(info, f, sort_keys=False), mode="w")
 
 
-def load_checkpoint(path: str) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU.
+def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU (``mmap``: memory-mapped, so that a
+    tensor's data is read only when used, e.g. to check shapes).
 
     Raises:
         FileNotFoundError: ``path`` or its committed ``.yaml`` is missing (an interrupted save).
@@ -89,23 +92,34 @@ def load_checkpoint(path: str) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if not os.path.exists(yaml_path):
         raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     if MODEL_KEY not in state:
         raise KeyError(f"{path}: no '{MODEL_KEY}' entry; keys are {sorted(state)}")
     return state
 
 
-def load_extra_state(path: str) -> dict[str, Any]:
-    """The saver-hook states (``extra`` entry) of checkpoint ``path``, or ``{}`` when it has none. The file is
-    memory-mapped, so the model tensors beside them are not read.
+def check_model_state(shapes: Mapping[str, tuple[int, ...]], saved: Mapping[str, Any], path: str) -> None:
+    """Refuse in one line a checkpoint whose model ``saved`` (its ``state_dict``) a model with the parameter and
+    buffer shapes ``shapes`` (``{key: shape}`` of the model's ``state_dict``) cannot load, instead of torch's
+    ``load_state_dict`` error (a traceback with a line per key).
 
     Raises:
-        FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
+        ConfigError: naming the first key, in the model's order, that is missing from ``saved`` or has another
+            shape there (both shapes), else the first key of ``saved`` the model lacks, and how many keys differ.
     """
-    yaml_path = re.sub(r"\.pt$", ".yaml", path)
-    if not os.path.exists(yaml_path):
-        raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True).get(EXTRA_KEY, {})
+    differ = []
+    for key, shape in shapes.items():
+        if key not in saved:
+            differ.append(f"{key} {tuple(shape)} is not in the checkpoint")
+        elif tuple(saved[key].shape) != tuple(shape):
+            differ.append(f"{key} is {tuple(saved[key].shape)} in the checkpoint, {tuple(shape)} in this config's "
+                          "model")
+    differ += [f"the checkpoint's {key} {tuple(saved[key].shape)} is not in this config's model"
+               for key in saved if key not in shapes]
+    if differ:
+        more = f" ({len(differ)} keys differ)" if len(differ) > 1 else ""
+        raise ConfigError(f"{path} holds another model than this config's: {differ[0]}{more}; use the config it was "
+                          "trained with (the train.yaml beside it)")
 
 
 def load_info(path: str) -> dict[str, Any]:
