@@ -2,9 +2,9 @@
 
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT``, and, for an elastic job, ``TORCHELASTIC_RUN_ID`` (its rendezvous id, the same for every attempt) and
-``TORCHELASTIC_RESTART_COUNT``. :func:`init_distributed` reads them exactly once into a :class:`DistContext`; nothing else in the
-toolkit reads these variables. A plain ``python train.py`` (no launcher) gets a one-process group on an in-memory
-store, so the same code path (DDP wrap, collectives) runs for 1 CPU, 8 GPUs or 16 nodes.
+``TORCHELASTIC_RESTART_COUNT``. :func:`init_distributed` reads them exactly once into a :class:`DistContext`;
+nothing else in the toolkit reads these variables. A plain ``python train.py`` (no launcher) gets a one-process
+group on an in-memory store, so the same code path (DDP wrap, collectives) runs for 1 CPU, 8 GPUs or 16 nodes.
 """
 
 from __future__ import annotations

@@ -96,20 +96,21 @@ def claim_model_dir(ctx: DistContext, model_dir: str, checkpoint: str | None, st
     the lock file; use it as a context manager, which unlocks at its end.
 
     Raises:
-        ConfigError: on every rank: the dir is in use by another job, holds another run than the one ``checkpoint``
-            and ``start_over`` say to continue or start, or is not shared by every rank.
+        ConfigError: on every rank: the dir cannot be made or locked (no permission), is in use by another job,
+            holds another run than the one ``checkpoint`` and ``start_over`` say to continue or start, or is not
+            shared by every rank.
     """
     lock, claim = None, None
     if ctx.is_main:
-        os.makedirs(model_dir, exist_ok=True)
         try:
+            os.makedirs(model_dir, exist_ok=True)
             lock = lock_model_dir(ctx, model_dir)
             claim = plan_model_dir(model_dir, checkpoint, start_over,
                                    ctx.run_id if ctx.restart_count > 0 else None)
-        except ConfigError as e:
+        except (ConfigError, OSError) as e:
             if lock is not None:
                 lock.release()
-            claim = str(e)
+            claim = str(e) if isinstance(e, ConfigError) else f"--model_dir {model_dir}: {e.strerror} ({e.filename})"
     claim = broadcast_object_from_main(claim, "claim_model_dir")
     if isinstance(claim, str):
         raise ConfigError(claim)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from toolkit.distributed.context import DistContext
-from toolkit.engine.model_dir import PREVIOUS_RUNS, lock_model_dir, plan_model_dir
+from toolkit.engine.model_dir import PREVIOUS_RUNS, claim_model_dir, lock_model_dir, plan_model_dir
 from toolkit.utils.config_parsing import ConfigError
 
 from test.helpers import REPO_ROOT
@@ -110,6 +110,19 @@ def test_start_over_with_checkpoint_auto_lets_an_elastic_restart_continue_its_ow
     assert another.checkpoint is None and another.aside == ["init.pt", "init.yaml", "step_4.pt", "step_4.yaml"]
     first_attempt = plan_model_dir(str(exp), "auto", start_over=True)  # restart count 0: not a restart
     assert first_attempt.aside == another.aside
+
+
+def test_a_claim_refused_or_ended_leaves_no_lock_file_and_a_dir_it_cannot_make_is_one_line(one_rank, tmp_path):
+    exp = tmp_path / "exp"
+    a_run(exp)
+    with pytest.raises(ConfigError, match="holds an earlier run"):
+        claim_model_dir(one_rank, str(exp), None, start_over=False)
+    with claim_model_dir(one_rank, str(exp), "auto", start_over=False) as claim:
+        assert claim.checkpoint == str(exp / "epoch_1.pt") and claim.lock.held and (exp / ".lock").exists()
+    assert not (exp / ".lock").exists() and not claim.lock.held
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=rf"^--model_dir {tmp_path}/file/exp: Not a directory \(.*/file/exp\)$"):
+        claim_model_dir(one_rank, str(tmp_path / "file" / "exp"), None, start_over=False)
 
 
 HOLD = """
