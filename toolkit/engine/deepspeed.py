@@ -330,14 +330,11 @@ class DeepSpeedEngine(Engine):
         Raises:
             FileNotFoundError: on EVERY rank, when any rank cannot see one of the ``world_size`` shard files (e.g.
                 node-local disks, or shards dropped); the message names each rank's missing files.
-            ConfigError: on every rank, when ``path`` holds a model of another shape
-                (:func:`~toolkit.utils.checkpoint.check_model_state`), or when the shards were written by another
-                number of ranks (ZeRO's optimizer state is partitioned by rank, so it resumes on the same world size
-                only).
+            ConfigError: on every rank, when the shards were written by another number of ranks (ZeRO's optimizer
+                state is partitioned by rank, so it resumes on the same world size only), or when ``path`` holds a
+                model of another shape (:func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         check_collective("load_model")
-        saved = load_checkpoint(path, mmap=True)  # the consolidated .pt, memory-mapped: its shapes, not its weights
-        check_model_state(self.model_shapes(), saved[MODEL_KEY], path)
         model_dir, tag = _split(path)
         bf16 = self.dtype == "bf16"
         expected = expected_shard_files(model_dir, tag, self.ctx.world_size, self.stage, bf16)
@@ -353,11 +350,13 @@ class DeepSpeedEngine(Engine):
         report = [f"rank {rank} cannot see: {', '.join(files)}" for rank, (files, _) in enumerate(gathered) if files]
         if report:
             raise FileNotFoundError(f"cannot resume {path} with its optimizer state: " + "; ".join(report))
+        consolidated = load_checkpoint(path, mmap=True)  # memory-mapped: its shapes are read, not its weights
+        check_model_state(self.model_shapes(), consolidated[MODEL_KEY], path)
         load_path, _ = self.model.load_checkpoint(model_dir, tag=tag, load_optimizer_states=True,
                                                   load_lr_scheduler_states=True)
         if load_path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {model_dir}")
-        return saved.get(EXTRA_KEY, {})
+        return consolidated.get(EXTRA_KEY, {})
 
 
 def _saved_world_size(model_states: str) -> int:
