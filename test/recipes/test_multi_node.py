@@ -1,10 +1,12 @@
 """The recipe on several machines and under a fault, through ``run.sh`` as users run it (stage 4, tiny_fsdd, the tiny
 conformer): two "nodes" on loopback for both engines, a node that never arrives, and a rank killed with SIGKILL in the
-middle of an epoch under ``--max_restarts``, whose job must end bit-identical to one that was never interrupted."""
+middle of an epoch under ``--max_restarts`` (and ``--start_over``, in a dir holding an earlier run), whose job must
+end bit-identical to one that was never interrupted."""
 
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -154,7 +156,11 @@ def test_a_killed_rank_restarts_and_the_job_ends_bit_identical(data, tmp_path, e
     codes, logs = finish([stage4(data, full, *options)])
     full_s = time.monotonic() - started
     assert codes == [0], logs[0][-4000:]
-    proc = stage4(data, killed, *options)
+    killed.mkdir()  # holding an earlier run, which the first attempt moves aside and its restart leaves alone
+    earlier = ["epoch_0.pt", "epoch_0.yaml", "train.yaml"]
+    for name in earlier:
+        shutil.copy(full / name, killed / name)
+    proc = stage4(data, killed, *options, "--start_over", "true")
     started = time.monotonic()
     _kill_rank_1_after(killed, "step_4", proc)
     codes, logs = finish([proc])
@@ -165,6 +171,7 @@ def test_a_killed_rank_restarts_and_the_job_ends_bit_identical(data, tmp_path, e
           f"{killed_s - full_s:.1f} s")
     # resumed mid-epoch: epoch 0 after 4 of its 5 batches (or, had the kill come later, still before epoch_0)
     assert re.search(r"resumed from \S+/step_4\.pt: epoch 0 after 4 of its batches, step 4", log), log[-4000:]
+    assert os.listdir(killed / "previous_runs") == ["1"] and sorted(os.listdir(killed / "previous_runs/1")) == earlier
     for tag in ("epoch_0", "epoch_1"):
         assert yaml.safe_load(open(full / f"{tag}.yaml")) == yaml.safe_load(open(killed / f"{tag}.yaml"))
         assert_bit_identical(load_checkpoint(str(full / f"{tag}.pt")), load_checkpoint(str(killed / f"{tag}.pt")),

@@ -75,3 +75,27 @@ def test_decoding_without_the_spelling_lm_of_stage_2_stops_before_any_stage(tmp_
     assert proc.returncode == 1 and not re.search(r"^stage -?\d", proc.stdout, re.M), proc.stdout + proc.stderr
     assert proc.stderr.strip().endswith("spelling_6gram_30000common.arpa is missing: run stage 2 (--stage 2 "
                                         "--stop_stage 2), or decode without it (--spelling_order 0)"), proc.stderr
+
+
+def test_a_dir_holding_an_earlier_run_stops_before_any_stage_unless_told_to_continue_or_start_over(tmp_path):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "train.yaml").write_text("encoder: conformer\n")  # an earlier run, killed before its first checkpoint
+
+    def run_sh(*options):
+        return subprocess.run(["bash", os.path.join(REPO_ROOT, "run.sh"), "--corpus_dir", str(tmp_path / "nope"),
+                               "--data", str(tmp_path / "data"), "--dir", str(exp), *options],
+                              capture_output=True, text=True, timeout=120)
+
+    proc = run_sh()
+    assert proc.returncode == 1 and not re.search(r"^stage -?\d", proc.stdout, re.M), proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        f"--model_dir {exp} holds an earlier run (train.yaml): continue it with --checkpoint auto, start a new one "
+        f"there with --start_over (which moves the old one into {exp}/previous_runs/), or train into another "
+        "--model_dir")
+    for told in (["--start_over", "true"], ["--checkpoint", "auto"], ["--max_restarts", "2"]):
+        proc = run_sh("--stage", "4", *told)  # the option reaches the check: the next stop is the missing data
+        assert proc.returncode == 1 and "global_cmvn is missing: training needs it" in proc.stderr, proc.stderr
+    assert run_sh("--stage", "5").returncode == 1  # no stage 4 in the range: the dir is not checked
+    assert "option --start_over takes true or false, got 'yes'" in run_sh("--start_over", "yes").stderr
+    assert os.listdir(exp) == ["train.yaml"]

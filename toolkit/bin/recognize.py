@@ -268,7 +268,8 @@ def main(argv=None) -> None:
     # stops here, in one line
     model = init_model(config)
     saved = load_checkpoint(args.checkpoint)[MODEL_KEY]
-    check_model_state(model.state_dict(), saved, f"--checkpoint {args.checkpoint} (--config {args.config})")
+    check_model_state({key: value.shape for key, value in model.state_dict().items()}, saved,
+                      f"--checkpoint {args.checkpoint} (--config {args.config})")
     model.load_state_dict(saved)
     model.to(ctx.device).eval()
     try:  # checked once here, so that a bad weight stops the job before it decodes anything

@@ -16,13 +16,17 @@ Resume with ``--checkpoint exp/conformer/epoch_3.pt`` (training continues at epo
 training continues at the next batch of that epoch, bit-identical to an uninterrupted run). ``--checkpoint auto``
 resumes from the newest committed checkpoint in the model dir, so that torchrun's ``--max_restarts`` can restart a
 job whose rank died (run.sh ``--max_restarts N``).
+A model dir holds one run, and one job at a time (:mod:`toolkit.engine.model_dir`): a fresh start into a dir that holds
+an earlier run (its ``train.yaml`` or committed checkpoints) stops in one line unless ``--checkpoint auto`` continues
+that run or ``--start_over`` moves it into ``exp/conformer/previous_runs/N/``; a second job on a dir in use stops in
+one line. Nothing is written there before every check has passed.
 DeepSpeed ZeRO instead of DDP: add ``--train_engine deepspeed --deepspeed_config conf/ds_stage2.json`` (stage 1/2/3
 JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come from the YAML).
 
 Check only (the recipe runs this before any stage; one process, no rank, no file written):
 
     python -m toolkit.bin.train --check_only --config conf/train_conformer.yaml --override_config "..." \
-        --decode_modes "ctc_prefix_beam_search attention_rescoring"
+        --decode_modes "ctc_prefix_beam_search attention_rescoring" --model_dir exp/conformer
 
 prints ``MAX_EPOCH GPUS LM_USED`` (``train_conf.max_epoch``, the GPUs this node has, 1 if one of the decoding modes
 fuses the word LM) and exits 0, or prints one line naming the error and exits 1.
@@ -41,15 +45,14 @@ import torch
 
 from toolkit.dataset import count_utterances, init_dataset_and_dataloader
 from toolkit.dataset.planning import planned_batching
-from toolkit.distributed.collectives import broadcast_object_from_main
 from toolkit.distributed.context import DistContext, destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
 from toolkit.distributed.main_only import main_process_only, run_on_main
-from toolkit.distributed.shared_dir import check_shared_dir
 from toolkit.engine import ENGINE_CHOICES, Engine, check_engine_args, check_engine_setup, init_engine
 from toolkit.engine.checkpointer import Checkpointer, save_model
 from toolkit.engine.compile import compile_blocks
 from toolkit.engine.executor import Executor
+from toolkit.engine.model_dir import claim_model_dir, plan_model_dir
 from toolkit.engine.position import data_signature
 from toolkit.engine.stats import require_utterances
 from toolkit.engine.time_budget import CvShare
@@ -58,7 +61,6 @@ from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import Config, read_config
-from toolkit.utils.checkpoint import newest_checkpoint
 from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.rng import seed_global_rngs
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
@@ -81,8 +83,13 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model_dir", help="where checkpoints and train.yaml go (required)")
     parser.add_argument("--tensorboard_dir", default="tensorboard")
     parser.add_argument("--checkpoint", default=None,
-                        help="resume from this epoch_N.pt, step_N.pt or init.pt; 'auto': from the newest committed "
-                             "epoch_N.pt or step_N.pt in --model_dir, if any (what an elastic restart needs)")
+                        help="resume from this epoch_N.pt, step_N.pt or init.pt (one of --model_dir: its later "
+                             "checkpoints are moved aside); 'auto': from the newest committed epoch_N.pt or step_N.pt "
+                             "in --model_dir, if any (what an elastic restart needs)")
+    parser.add_argument("--start_over", action="store_true",
+                        help="--model_dir holds an earlier run: move it into --model_dir/previous_runs/N/ and start "
+                             "this one there (with --checkpoint auto: in the first attempt only; an elastic restart "
+                             "continues the run its job started)")
     parser.add_argument("--train_engine", default="torch_ddp", choices=ENGINE_CHOICES)
     parser.add_argument("--deepspeed_config", default=None, help="DeepSpeed JSON (--train_engine deepspeed only)")
     parser.add_argument("--deepspeed_shards", default="keep", choices=("keep", "drop"),
@@ -92,8 +99,9 @@ def get_args(argv=None) -> argparse.Namespace:
                         help="process-group timeout: a collective waiting longer fails instead of hanging")
     parser.add_argument("--check_only", action="store_true",
                         help="check --config with the overrides (the optimizer and LR schedule built on a stand-in "
-                             "parameter) and --decode_modes, print MAX_EPOCH GPUS LM_USED and exit (MAX_EPOCH 0 "
-                             "without --config); nothing is trained or written")
+                             "parameter), --decode_modes and what --model_dir holds (with --checkpoint, "
+                             "--start_over), print MAX_EPOCH GPUS LM_USED and exit (MAX_EPOCH 0 without --config); "
+                             "nothing is trained or written")
     parser.add_argument("--decode_modes", help="with --check_only: the space-separated decoding modes the trained "
                                                f"model will be decoded with, each one of {list(DECODING_METHODS)}")
     args = parser.parse_args(argv)
@@ -139,7 +147,10 @@ def check_only(args: argparse.Namespace) -> None:
     (importing torch takes seconds): the config with its overrides (read as step 1 of :func:`main` reads it, the
     optimizer and LR scheduler built as step 5 builds them, on a stand-in parameter; ``max_steps``: any count where
     the trainer will count one), :func:`check_before_ranks` (without ``--config``: ``--train_engine`` with
-    ``--deepspeed_config``) and the decoding modes the model will be decoded with (the model's own list).
+    ``--deepspeed_config``), the decoding modes the model will be decoded with (the model's own list), and, given
+    ``--model_dir``, whether the run it holds lets this one start as ``--checkpoint``/``--start_over`` say
+    (:func:`~toolkit.engine.model_dir.plan_model_dir`; whether another job holds it is known only when training
+    starts).
     Prints ``MAX_EPOCH GPUS LM_USED``; an error is one line on stderr and exit status 1."""
     lm_used = 0
     if args.decode_modes is not None:
@@ -165,6 +176,11 @@ def check_only(args: argparse.Namespace) -> None:
             check_before_ranks(args, config)
     except ConfigError as e:
         sys.exit(str(e))
+    if args.model_dir is not None and os.path.isdir(args.model_dir):
+        try:
+            plan_model_dir(args.model_dir, args.checkpoint, args.start_over)
+        except ConfigError as e:
+            sys.exit(str(e))
     print(max_epoch, torch.cuda.device_count(), lm_used)
 
 
@@ -204,69 +220,71 @@ def main(argv=None) -> None:
     config = read_config(args.config, args.override_config)
     check_before_ranks(args, config)
     train_conf = config.train_conf
-    # 2. process group and rank context (torchrun environment, read once)
+    # 2. process group and rank context (torchrun environment, read once); the model dir claimed for this job:
+    # global rank 0 locks it for the job's life, and the run it holds decides what this one resumes and moves aside
     ctx = init_distributed(args.pg_timeout_s)
     setup_logging(ctx.rank)
     seed_global_rngs(train_conf.seed)
-    # 3. tokenizer (its symbol table gives the vocabulary size) and data: each utterance to one rank and worker
-    tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
-    if config.output_dim is not None:  # a train.yaml of an earlier run: its model must fit this table
-        check_model_fits_table(tokenizer, config.output_dim, args.config)
-    config = dataclasses.replace(config, output_dim=tokenizer.vocab_size())
-    train_set, train_loader, cv_set, cv_loader = init_dataset_and_dataloader(
-        args.train_data, args.cv_data, tokenizer, config.dataset_conf, ctx.rank, ctx.world_size, train_conf.seed)
-    # 4. model (train_conf says whether its layers recompute activations in backward), TorchScript check, size
-    model = init_model(config)
-    model.set_activation_checkpointing(train_conf.activation_checkpointing)
-    check_model(model, log=main_process_only(logging.info))
-    # 5. optimizer and LR scheduler (a schedule that ends with the run learns its steps from the planned batches),
-    # then the engine: DDP or DeepSpeed on this rank's device
-    batches = train_set.batches_per_epoch()
-    max_steps = None if batches is None else train_conf.max_epoch * math.ceil(batches / train_conf.accum_grad)
-    optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), config.optim, config.optim_conf,
-                                                        config.scheduler, config.scheduler_conf, max_steps)
-    engine = wrap_cuda_model(args, ctx, config, model, optimizer, scheduler)
-    # 6. everything checked: the model dir is one disk for every rank (rank 0 writes what all read back), and rank 0
-    # writes the effective train.yaml there (it alone rebuilds the model for decoding)
-    check_shared_dir(args.model_dir, "--model_dir")
-    run_on_main(_save_config, (config, args.model_dir))
-    # 7. the executor (join, checkpoints with its saver hooks); resume, or save the initial model
-    join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s,
-                     is_empty=lambda batch: len(batch["keys"]) == 0)
-    signature = data_signature(None if train_set.planned_batching else ctx.world_size, args.train_data,
-                               config.to_dict()["dataset_conf"], train_conf.accum_grad)
-    # max_train_minutes estimates the first CV from the size of the largest rank's share (rank 0 decides)
-    cv_share = CvShare(*cv_set.largest_share()) if train_conf.max_train_minutes and ctx.is_main else CvShare(0)
-    executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
-                        config.dataset_conf.fbank_conf.frame_shift_s, signature,
-                        count_utterances(args.train_data, config.dataset_conf.data_type), cv_share=cv_share)
-    checkpoint = args.checkpoint
-    if checkpoint == "auto":  # rank 0's choice, so that every rank resumes the same files
-        checkpoint = broadcast_object_from_main(newest_checkpoint(args.model_dir), "--checkpoint auto")
-        logging.info("--checkpoint auto: %s", checkpoint or f"no committed checkpoint in {args.model_dir}, starting")
-    if checkpoint:
-        executor.resume(checkpoint, train_set)
-    else:  # a run killed in epoch 0 still leaves a loadable model
-        save_model(executor.checkpointer, {"epoch": -1, "step": 0, "tag": "init"})
-    # 8. tensorboard (rank 0); the points an abandoned run logged after the resumed step are purged
-    writer = executor.writer = main_process_only(init_summarywriter)(args.tensorboard_dir, args.model_dir,
-                                                                     purge_step=executor.progress.step + 1)
-    # 9. epochs: train, cross-validate on every rank, save collectively
-    for epoch in executor.epochs():
-        train_stats = executor.train(train_loader, train_set)
-        require_utterances(train_stats, f"epoch {epoch} trained", args.train_data)
-        cv_stats = executor.cv(cv_loader)
-        require_utterances(cv_stats, f"epoch {epoch} cross-validated", args.cv_data)
-        save_model(executor.checkpointer, executor.epoch_info(train_stats, cv_stats))
-    # 10. tear down (gloo may abort at exit without it)
-    if writer is not None:
-        writer.close()
-    join.close()
-    destroy_distributed()
+    with claim_model_dir(ctx, args.model_dir, args.checkpoint, args.start_over) as claim:
+        if args.checkpoint == "auto":
+            logging.info("--checkpoint auto: %s", claim.checkpoint or f"nothing to continue in {args.model_dir}, "
+                                                                       "starting")
+        # 3. tokenizer (its symbol table gives the vocabulary size) and data: each utterance to one rank and worker
+        tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
+        if config.output_dim is not None:  # a train.yaml of an earlier run: its model must fit this table
+            check_model_fits_table(tokenizer, config.output_dim, args.config)
+        config = dataclasses.replace(config, output_dim=tokenizer.vocab_size())
+        train_set, train_loader, cv_set, cv_loader = init_dataset_and_dataloader(
+            args.train_data, args.cv_data, tokenizer, config.dataset_conf, ctx.rank, ctx.world_size, train_conf.seed)
+        # 4. model (train_conf says whether its layers recompute activations in backward), TorchScript check, size
+        model = init_model(config)
+        model.set_activation_checkpointing(train_conf.activation_checkpointing)
+        check_model(model, log=main_process_only(logging.info))
+        # 5. optimizer and LR scheduler (a schedule that ends with the run learns its steps from the planned
+        # batches), then the engine: DDP or DeepSpeed on this rank's device
+        batches = train_set.batches_per_epoch()
+        max_steps = None if batches is None else train_conf.max_epoch * math.ceil(batches / train_conf.accum_grad)
+        optimizer, scheduler = init_optimizer_and_scheduler(model.parameters(), config.optim, config.optim_conf,
+                                                            config.scheduler, config.scheduler_conf, max_steps)
+        engine = wrap_cuda_model(args, ctx, config, model, optimizer, scheduler)
+        # 6. the executor (join, checkpoints with its saver hooks); resume: the last checks (the model against the
+        # checkpoint, the world size, the data setup of a mid-epoch position)
+        join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s,
+                         is_empty=lambda batch: len(batch["keys"]) == 0)
+        signature = data_signature(None if train_set.planned_batching else ctx.world_size, args.train_data,
+                                   config.to_dict()["dataset_conf"], train_conf.accum_grad)
+        # max_train_minutes estimates the first CV from the size of the largest rank's share (rank 0 decides)
+        cv_share = CvShare(*cv_set.largest_share()) if train_conf.max_train_minutes and ctx.is_main else CvShare(0)
+        executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
+                            config.dataset_conf.fbank_conf.frame_shift_s, signature,
+                            count_utterances(args.train_data, config.dataset_conf.data_type), cv_share=cv_share)
+        if claim.checkpoint:
+            executor.resume(claim.checkpoint, train_set)
+        # 7. everything checked, the first writes (rank 0): what the claim moves aside, the effective train.yaml
+        # (it alone rebuilds the model for decoding), and a fresh run's initial model (a run killed in epoch 0
+        # still leaves a loadable model; its YAML names the job, so that an elastic restart knows its own run)
+        run_on_main(claim.move_aside)
+        run_on_main(_save_config, (config, args.model_dir))
+        if not claim.checkpoint:
+            save_model(executor.checkpointer, {"epoch": -1, "step": 0, "tag": "init", "run_id": ctx.run_id})
+        # 8. tensorboard (rank 0); the points an abandoned run logged after the resumed step are purged
+        writer = executor.writer = main_process_only(init_summarywriter)(args.tensorboard_dir, args.model_dir,
+                                                                         purge_step=executor.progress.step + 1)
+        # 9. epochs: train, cross-validate on every rank, save collectively
+        for epoch in executor.epochs():
+            train_stats = executor.train(train_loader, train_set)
+            require_utterances(train_stats, f"epoch {epoch} trained", args.train_data)
+            cv_stats = executor.cv(cv_loader)
+            require_utterances(cv_stats, f"epoch {epoch} cross-validated", args.cv_data)
+            save_model(executor.checkpointer, executor.epoch_info(train_stats, cv_stats))
+        # 10. tear down (gloo may abort at exit without it); the model dir is unlocked as the claim ends
+        if writer is not None:
+            writer.close()
+        join.close()
+        destroy_distributed()
 
 
 def _save_config(config: Config, model_dir: str) -> None:
-    os.makedirs(model_dir, exist_ok=True)
     config.save(os.path.join(model_dir, "train.yaml"))
 
 

@@ -1,9 +1,10 @@
 """The rank context: read the launcher's environment once and pass it along.
 
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
-``MASTER_PORT``. :func:`init_distributed` reads them exactly once into a :class:`DistContext`; nothing else in the
-toolkit reads these variables. A plain ``python train.py`` (no launcher) gets a one-process group on an in-memory
-store, so the same code path (DDP wrap, collectives) runs for 1 CPU, 8 GPUs or 16 nodes.
+``MASTER_PORT``, and, for an elastic job, ``TORCHELASTIC_RUN_ID`` (its rendezvous id, the same for every attempt) and
+``TORCHELASTIC_RESTART_COUNT``. :func:`init_distributed` reads them exactly once into a :class:`DistContext`;
+nothing else in the toolkit reads these variables. A plain ``python train.py`` (no launcher) gets a one-process
+group on an in-memory store, so the same code path (DDP wrap, collectives) runs for 1 CPU, 8 GPUs or 16 nodes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class DistContext:
         device: the device this rank computes on.
         pg_timeout: the process-group timeout: a collective waiting longer fails instead of hanging; groups made
             later (the join's) must be given it, since ``new_group`` would default to torch's 30 minutes.
+        run_id: torchrun's rendezvous id (``--rdzv_id``; a fresh one per ``--standalone`` launch), the same in every
+            attempt of an elastic job; None without torchrun.
+        restart_count: how many times torchrun has restarted the job's workers (0 in the first attempt).
     """
 
     rank: int = 0
@@ -43,6 +47,8 @@ class DistContext:
     backend: str = "gloo"
     device: torch.device = torch.device("cpu")
     pg_timeout: datetime.timedelta = datetime.timedelta(minutes=30)
+    run_id: str | None = None
+    restart_count: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -123,7 +129,8 @@ def init_distributed(timeout_s: float = 1800.0) -> DistContext:
             for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
                 os.environ.setdefault(name, "1")
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    ctx = DistContext(rank, world_size, local_rank, local_world_size, backend, device, timeout)
+    ctx = DistContext(rank, world_size, local_rank, local_world_size, backend, device, timeout,
+                      os.environ.get("TORCHELASTIC_RUN_ID"), _env_int("TORCHELASTIC_RESTART_COUNT", 0))
     global _CURRENT
     _CURRENT = ctx
     logging.info("rank %d/%d (local %d/%d) on %s, backend %s", rank, world_size, local_rank, local_world_size,

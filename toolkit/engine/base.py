@@ -102,6 +102,10 @@ class Engine(abc.ABC):
         """Everything to resume: model, optimizer, scheduler and scaler under the keys of
         :mod:`toolkit.utils.checkpoint`."""
 
+    def model_shapes(self) -> dict[str, tuple[int, ...]]:
+        """``{key: shape}`` of the unwrapped model's ``state_dict``: what a checkpoint must hold to load."""
+        return {key: tuple(value.shape) for key, value in self.module.state_dict(keep_vars=True).items()}
+
     @abc.abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; optimizer/scheduler entries are optional."""
@@ -126,9 +130,9 @@ class Engine(abc.ABC):
 
         Raises:
             FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
-            ConfigError: its model does not fit this run's (:func:`~toolkit.utils.checkpoint.check_model_state`).
+            ConfigError: ``path`` holds a model of another shape (:func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         state = load_checkpoint(path)
-        check_model_state(self.module.state_dict(), state[MODEL_KEY], f"--checkpoint {path}")
+        check_model_state(self.model_shapes(), state[MODEL_KEY], path)
         self.load_state_dict(state)
         return state.get(EXTRA_KEY, {})

@@ -47,8 +47,8 @@ from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import barrier, check_collective, run_on_main
 from toolkit.engine.base import PRECISIONS, Engine
 from toolkit.engine.train_conf import TrainConf
-from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, load_extra_state,
-                                      save_checkpoint)
+from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, check_model_state,
+                                      load_checkpoint, save_checkpoint)
 from toolkit.utils.config_parsing import ConfigError
 
 
@@ -283,6 +283,11 @@ class DeepSpeedEngine(Engine):
                             for k, v in self.module.state_dict().items()},
                 SCHEDULER_KEY: self.scheduler.state_dict()}
 
+    def model_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Whole shapes also under ZeRO-3, whose parameters hold a rank's slice (their ``ds_shape`` the whole)."""
+        return {key: tuple(getattr(value, "ds_shape", value.shape))
+                for key, value in self.module.state_dict(keep_vars=True).items()}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load model weights (and scheduler) from a toolkit checkpoint, e.g. to initialise from a torch_ddp model.
 
@@ -326,7 +331,8 @@ class DeepSpeedEngine(Engine):
             FileNotFoundError: on EVERY rank, when any rank cannot see one of the ``world_size`` shard files (e.g.
                 node-local disks, or shards dropped); the message names each rank's missing files.
             ConfigError: on every rank, when the shards were written by another number of ranks (ZeRO's optimizer
-                state is partitioned by rank, so it resumes on the same world size only).
+                state is partitioned by rank, so it resumes on the same world size only), or when ``path`` holds a
+                model of another shape (:func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         check_collective("load_model")
         model_dir, tag = _split(path)
@@ -344,11 +350,13 @@ class DeepSpeedEngine(Engine):
         report = [f"rank {rank} cannot see: {', '.join(files)}" for rank, (files, _) in enumerate(gathered) if files]
         if report:
             raise FileNotFoundError(f"cannot resume {path} with its optimizer state: " + "; ".join(report))
+        consolidated = load_checkpoint(path, mmap=True)  # memory-mapped: its shapes are read, not its weights
+        check_model_state(self.model_shapes(), consolidated[MODEL_KEY], path)
         load_path, _ = self.model.load_checkpoint(model_dir, tag=tag, load_optimizer_states=True,
                                                   load_lr_scheduler_states=True)
         if load_path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {model_dir}")
-        return load_extra_state(path)
+        return consolidated.get(EXTRA_KEY, {})
 
 
 def _saved_world_size(model_states: str) -> int:

@@ -33,6 +33,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import time
 from typing import Callable, Iterable, Iterator
 
@@ -143,11 +144,15 @@ class Executor:
         next epoch. The data seed is the checkpoint's (``train_set`` is given it).
 
         Raises:
-            ConfigError: ``path`` is missing or not a training checkpoint, or stops inside an epoch whose data
-                setup (:attr:`TrainProgress.data_signature`) differs from this run's.
+            ConfigError: ``path`` is missing, uncommitted (no ``.yaml`` beside it) or not a training checkpoint,
+                holds a model of another shape than the engine's, or stops inside an epoch whose data setup
+                (:attr:`TrainProgress.data_signature`) differs from this run's.
         """
         if not os.path.exists(path):
             raise ConfigError(f"--checkpoint {path}: no such file")
+        if not os.path.exists(re.sub(r"\.pt$", ".yaml", path)):
+            raise ConfigError(f"--checkpoint {path}: no .yaml beside it, so its save never finished (or the .yaml "
+                              "was not copied with it)")
         progress = self.progress
         signature, configured_seed = progress.data_signature, progress.data_seed
         restored = self.checkpointer.load(path)

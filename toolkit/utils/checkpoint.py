@@ -25,7 +25,7 @@ import os
 import re
 import secrets
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import yaml
@@ -82,8 +82,9 @@ def save_checkpoint(path: str, state: dict[str, Any], info: dict[str, Any]) -> N
     atomic_write(yaml_path, lambda f: yaml.safe_dump(info, f, sort_keys=False), mode="w")
 
 
-def load_checkpoint(path: str) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU.
+def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU (``mmap``: memory-mapped, so that a
+    tensor's data is read only when used, e.g. to check shapes).
 
     Raises:
         FileNotFoundError: ``path`` or its committed ``.yaml`` is missing (an interrupted save).
@@ -93,54 +94,34 @@ def load_checkpoint(path: str) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if not os.path.exists(yaml_path):
         raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     if MODEL_KEY not in state:
         raise KeyError(f"{path}: no '{MODEL_KEY}' entry; keys are {sorted(state)}")
     return state
 
 
-def check_model_state(model_state: dict[str, Any], saved: dict[str, Any], source: str) -> None:
-    """Refuse a saved model ``state_dict`` that does not fit a model, before ``load_state_dict`` lists every tensor.
-
-    Args:
-        model_state: the model's own ``state_dict()`` (the shapes its config builds).
-        saved: the checkpoint's ``model`` entry.
-        source: what the message names first (``"--checkpoint exp/epoch_3.pt"``).
+def check_model_state(shapes: Mapping[str, tuple[int, ...]], saved: Mapping[str, Any], path: str) -> None:
+    """Refuse in one line a checkpoint whose model ``saved`` (its ``state_dict``) a model with the parameter and
+    buffer shapes ``shapes`` (``{key: shape}`` of the model's ``state_dict``) cannot load, instead of torch's
+    ``load_state_dict`` error (a traceback with a line per key).
 
     Raises:
-        ConfigError: one line naming the first tensor whose shape differs, with both shapes (checkpoint, model), and
-            how many differ, are missing from the checkpoint or unknown to the model: a checkpoint of another
-            config (another width or number of blocks, another vocabulary).
+        ConfigError: naming the first key, in the model's order, that is missing from ``saved`` or has another
+            shape there (both shapes), else the first key of ``saved`` the model lacks, and how many keys differ.
     """
-    differ = [key for key, value in model_state.items() if key in saved and isinstance(value, torch.Tensor)
-              and isinstance(saved[key], torch.Tensor) and value.shape != saved[key].shape]
-    missing = [key for key in model_state if key not in saved]
-    unexpected = [key for key in saved if key not in model_state]
-    if not (differ or missing or unexpected):
-        return
-    parts = []
+    differ = []
+    for key, shape in shapes.items():
+        if key not in saved:
+            differ.append(f"{key} {tuple(shape)} is not in the checkpoint")
+        elif tuple(saved[key].shape) != tuple(shape):
+            differ.append(f"{key} is {tuple(saved[key].shape)} in the checkpoint, {tuple(shape)} in this config's "
+                          "model")
+    differ += [f"the checkpoint's {key} {tuple(saved[key].shape)} is not in this config's model"
+               for key in saved if key not in shapes]
     if differ:
-        key = differ[0]
-        parts.append(f"{len(differ)} tensor(s) differ in shape, the first {key}: {tuple(saved[key].shape)} in the "
-                     f"checkpoint, {tuple(model_state[key].shape)} in the model")
-    for keys, what in ((missing, "missing from the checkpoint"), (unexpected, "unknown to the model")):
-        if keys:
-            parts.append(f"{len(keys)} key(s) {what}, the first {keys[0]}")
-    raise ConfigError(f"{source} does not fit the model of this config ({'; '.join(parts)}): it was trained with "
-                      "another config; give the train.yaml of its own model dir")
-
-
-def load_extra_state(path: str) -> dict[str, Any]:
-    """The saver-hook states (``extra`` entry) of checkpoint ``path``, or ``{}`` when it has none. The file is
-    memory-mapped, so the model tensors beside them are not read.
-
-    Raises:
-        FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
-    """
-    yaml_path = re.sub(r"\.pt$", ".yaml", path)
-    if not os.path.exists(yaml_path):
-        raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True).get(EXTRA_KEY, {})
+        more = f" ({len(differ)} keys differ)" if len(differ) > 1 else ""
+        raise ConfigError(f"{path} holds another model than this config's: {differ[0]}{more}; use the config it was "
+                          "trained with (the train.yaml beside it)")
 
 
 def load_info(path: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@
 #   bash run.sh --stage 5 --decode_nproc_per_node 4                        # decode with 4 ranks per node
 #   bash run.sh --num_nodes 2 --HOST_NODE_ADDR node0:29400   # run the same command on every node
 #   bash run.sh --stage 4 --stop_stage 4 --max_restarts 3     # a dead rank restarts the job from its last checkpoint
+#   bash run.sh --stage 4 --checkpoint auto                    # continue the run in --dir from its newest checkpoint
+#   bash run.sh --stage 4 --start_over true                    # train anew in --dir: its run moves to previous_runs/N/
 #
 #   bash run.sh --data_type shard              # tar shards (stage 3) instead of one file per utterance
 #
@@ -45,6 +47,8 @@ max_restarts=0                       # restart training up to N times after a ra
 train_engine=torch_ddp               # torch_ddp | deepspeed
 deepspeed_config=                    # with deepspeed: conf/ds_stage{1,2,3}.json
 checkpoint=                          # resume from this epoch_N.pt or step_N.pt; auto: the newest one in $dir
+start_over=false                     # true: $dir holds an earlier run, which stage 4 moves into $dir/previous_runs/N/
+                                     # (without it, or --checkpoint auto to continue that run, stage 4 refuses the dir)
 average_num=3                        # 0: decode the last epoch as is
 decode_sets=test                     # test | dev: stage 5 decodes <decode_sets>_<corpus> (tune on dev, score test once)
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
@@ -132,13 +136,15 @@ for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_conf
 # Checked now by the trainer's --check_only, in one Python start (each is seconds): the decoding modes by the model's
 # own list (lm_used: whether one of them decodes with the LM); with stage 4 in the range, the config and overrides
 # (the optimizer and LR schedule built on a stand-in parameter: a typo is one line before any work, not one per rank
-# and torchrun's traceback), --train_engine with --deepspeed_config, train_conf.dtype on this machine and
-# --checkpoint, so that the averaging is checked against the epochs this run will train, not after them; and the
-# number of GPUs.
+# and torchrun's traceback), --train_engine with --deepspeed_config, train_conf.dtype on this machine, --checkpoint,
+# and what stage 4 would refuse in --dir (an earlier run there, without --checkpoint auto or --start_over), so that the
+# averaging is checked against the epochs this run will train, not after them, and a refusal comes before stages
+# -1..3; and the number of GPUs.
+train_options=(--model_dir "$dir" ${checkpoint:+--checkpoint "$checkpoint"})
+[ "$start_over" = false ] || train_options+=(--start_over)
 check_config=()
 (( stage > 4 || stop_stage < 4 )) || check_config=(--config "$train_config" "${train_overrides[@]}"
-  --train_engine "$train_engine" ${deepspeed_config:+--deepspeed_config "$deepspeed_config"}
-  ${checkpoint:+--checkpoint "$checkpoint"})
+  --train_engine "$train_engine" ${deepspeed_config:+--deepspeed_config "$deepspeed_config"} "${train_options[@]}")
 checked=$(python -m toolkit.bin.train --check_only --decode_modes "$decode_modes" "${check_config[@]}") || exit 1
 read -r max_epoch gpus lm_used <<< "$checked"
 (( stage > 4 || stop_stage < 5 || average_num == 0 || max_epoch >= average_num )) ||
@@ -264,8 +270,8 @@ if (( stage <= 4 && stop_stage >= 4 )); then
   launch --nproc_per_node="$nproc_per_node" --max_restarts="$max_restarts" $(job_id train) -m toolkit.bin.train \
     --config "$train_config" "${train_overrides[@]}" \
     --train_data "$data/train/data.list" --cv_data "$data/dev/data.list" \
-    --model_dir "$dir" --tensorboard_dir "$tensorboard_dir" --train_engine "$train_engine" \
-    ${deepspeed_config:+--deepspeed_config "$deepspeed_config"} ${checkpoint:+--checkpoint "$checkpoint"}
+    --tensorboard_dir "$tensorboard_dir" --train_engine "$train_engine" \
+    ${deepspeed_config:+--deepspeed_config "$deepspeed_config"} "${train_options[@]}"
 fi
 
 if (( stage <= 5 && stop_stage >= 5 )); then

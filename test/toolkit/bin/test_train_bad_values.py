@@ -85,6 +85,9 @@ def test_a_resume_leaves_one_tensorboard_value_per_step(tmp_path):
         assert [e.step for e in events.Scalars(tag)] == steps, tag
     cv_loss = yaml.safe_load(open(tmp_path / "exp" / "epoch_1.yaml"))["cv_loss"]
     assert abs(events.Scalars("cv/loss")[1].value - cv_loss) < 1e-4 * cv_loss
+    # The abandoned run's checkpoints after epoch_0 were moved aside before the resumed run wrote anything.
+    assert sorted(os.listdir(tmp_path / "exp" / "previous_runs" / "1")) == ["epoch_1.pt", "epoch_1.yaml"]
+    assert "(trained after --checkpoint " in resumed.stderr
 
 
 def test_a_nonsense_grad_clip_stops_in_one_line_before_anything_is_written(tmp_path):

@@ -59,3 +59,20 @@ def test_a_checkpoint_without_its_yaml_is_refused_before_any_rank(tmp_path):
 def test_a_run_still_needs_its_data_and_model_dir():
     with pytest.raises(ConfigError, match="the following arguments are required: --train_data, --cv_data"):
         main(["--config", CONF])
+
+
+def test_a_model_dir_holding_a_run_is_checked_as_the_run_would_check_it(tmp_path, capsys):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "train.yaml").write_text("encoder: conformer\n")  # a run killed before its first checkpoint
+    with pytest.raises(SystemExit) as stop:
+        main(["--check_only", "--model_dir", str(exp)])
+    assert str(stop.value.code) == (
+        f"--model_dir {exp} holds an earlier run (train.yaml): continue it with --checkpoint auto, start a new one "
+        f"there with --start_over (which moves the old one into {exp}/previous_runs/), or train into another "
+        "--model_dir")
+    for given in (["--checkpoint", "auto"], ["--start_over"]):
+        main(["--check_only", "--model_dir", str(exp), *given])
+        assert capsys.readouterr().out == f"0 {torch.cuda.device_count()} 0\n"
+    main(["--check_only", "--model_dir", str(tmp_path / "new")])  # a dir to be made
+    assert sorted(os.listdir(tmp_path)) == ["exp"] and os.listdir(exp) == ["train.yaml"]

@@ -21,6 +21,7 @@ from toolkit.engine.checkpointer import Checkpointer
 from toolkit.engine.executor import Executor
 from toolkit.engine.train_conf import resolve_train_conf
 from toolkit.models.transformer.ctc import min_ctc_frames
+from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
 
 from test.helpers import REPO_ROOT
@@ -211,3 +212,26 @@ def test_the_executor_moves_the_set_through_epochs_and_resumes_it(one_rank, tmp_
     other_seed.join.close()
     assert train_set.calls[-1] == ("set_seed", 777) and other_seed.progress.data_seed == 777
     assert "trained with data seed 777, the config says 5: keeping the checkpoint's" in caplog.text
+
+
+def test_a_checkpoint_of_another_model_or_uncommitted_is_refused_in_one_line_before_anything_is_loaded(one_rank,
+                                                                                                        tmp_path):
+    # The errors-as-tracebacks case (b): torch's load_state_dict error was a traceback listing every key.
+    saved = executor_of(one_rank, FrameCTC(), tmp_path)
+    path = saved.checkpointer.save("epoch_0", {"epoch": 0, "step": 0})
+    saved.join.close()
+    narrower = FrameCTC()
+    narrower.out = torch.nn.Linear(80, 5)  # the config of another model: 5 outputs, not len(UNITS)
+    before = {name: p.detach().clone() for name, p in narrower.named_parameters()}
+    executor = executor_of(one_rank, narrower, tmp_path / "resumed")
+    with pytest.raises(ConfigError) as refused:
+        executor.resume(path, RecordingSet())
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{path} holds another model than this config's: ")
+    assert f"out.weight is ({len(UNITS)}, 80) in the checkpoint, (5, 80) in this config's model (2 keys differ)" \
+        in message
+    assert all(torch.equal(p, before[name]) for name, p in executor.engine.module.named_parameters())
+    os.unlink(tmp_path / "epoch_0.yaml")  # as a .pt copied without its commit marker
+    with pytest.raises(ConfigError, match=r"epoch_0\.pt: no \.yaml beside it, so its save never finished"):
+        executor.resume(path, RecordingSet())
+    executor.join.close()

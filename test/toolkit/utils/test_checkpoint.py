@@ -3,8 +3,9 @@ import os
 import pytest
 import torch
 
-from toolkit.utils.checkpoint import (finite_cv_loss, list_checkpoints, load_checkpoint, load_info, newest_checkpoint,
-                                      save_checkpoint)
+from toolkit.utils.checkpoint import (check_model_state, finite_cv_loss, list_checkpoints, load_checkpoint, load_info,
+                                      newest_checkpoint, save_checkpoint)
+from toolkit.utils.config_parsing import ConfigError
 
 
 def test_save_then_load_round_trip(tmp_path):
@@ -125,18 +126,19 @@ def test_the_newest_checkpoint_is_the_furthest_committed_step(tmp_path):
     assert newest_checkpoint(str(tmp_path)) == str(tmp_path / "epoch_1.pt")
 
 
-def test_a_model_state_of_another_shape_is_one_line_naming_the_first_key_and_both_shapes():
-    from toolkit.utils.checkpoint import check_model_state
-    from toolkit.utils.config_parsing import ConfigError
-
-    model = {"embed.weight": torch.zeros(64, 608), "out.weight": torch.zeros(19, 64), "blocks.0.w": torch.zeros(2)}
-    check_model_state(model, {key: value.clone() for key, value in model.items()}, "--checkpoint a.pt")  # fits
-    saved = {"embed.weight": torch.zeros(96, 608), "out.weight": torch.zeros(19, 96), "blocks.1.w": torch.zeros(2)}
-    with pytest.raises(ConfigError) as error:
-        check_model_state(model, saved, "--checkpoint a.pt")
-    message = str(error.value)
-    assert "\n" not in message and message.startswith("--checkpoint a.pt does not fit")
-    assert ("2 tensor(s) differ in shape, the first embed.weight: (96, 608) in the checkpoint, (64, 608) in the model"
-            in message)
-    assert "1 key(s) missing from the checkpoint, the first blocks.0.w" in message
-    assert "1 key(s) unknown to the model, the first blocks.1.w" in message
+def test_a_model_state_that_does_not_fit_is_named_by_its_first_differing_key_in_one_line():
+    shapes = {"embed.weight": (64, 80), "embed.bias": (64,), "out.weight": (10, 64)}
+    fits = {"embed.weight": torch.zeros(64, 80), "embed.bias": torch.zeros(64), "out.weight": torch.zeros(10, 64)}
+    check_model_state(shapes, fits, "m.pt")
+    wider = {"embed.weight": torch.zeros(96, 80), "embed.bias": torch.zeros(96), "out.weight": torch.zeros(10, 96)}
+    with pytest.raises(ConfigError, match=r"^m\.pt holds another model than this config's: embed\.weight is \(96, 80\) "
+                                          r"in the checkpoint, \(64, 80\) in this config's model \(3 keys differ\); "
+                                          r"use the config it was trained with \(the train\.yaml beside it\)$"):
+        check_model_state(shapes, wider, "m.pt")
+    fewer_blocks = {key: value for key, value in fits.items() if key != "embed.bias"}
+    with pytest.raises(ConfigError, match=r"holds another model than this config's: embed\.bias \(64,\) is not in "
+                                          r"the checkpoint; use"):
+        check_model_state(shapes, fewer_blocks, "m.pt")
+    more_blocks = {**fits, "extra.weight": torch.zeros(3, 3)}
+    with pytest.raises(ConfigError, match=r"the checkpoint's extra\.weight \(3, 3\) is not in this config's model; "):
+        check_model_state(shapes, more_blocks, "m.pt")
