@@ -202,7 +202,7 @@ def _later_than(checkpoint: str, model_dir: str) -> list[str]:
     if not os.path.exists(checkpoint[:-3] + ".yaml"):
         return []  # not committed: the resume refuses it
     mine = reached(checkpoint)
-    later = [p for prefix in ("epoch_", "step_") for p in list_checkpoints(model_dir, f"{prefix}*.pt")
+    later = [p for prefix in ("epoch_", "step_") for p in list_checkpoints(model_dir, prefix)
              if reached(p) > mine]
     tags = [os.path.basename(p)[:-3] for p in later]
     return [name for tag in tags for name in (f"{tag}.pt", f"{tag}.yaml", tag)

@@ -50,8 +50,9 @@ def checkpoint_of_a_96_wide_model(tmp_path):
 
 
 @pytest.mark.parametrize("change, key, shapes", [
-    ({"output_size": 64}, "encoder.embed.out.weight", ("(96, 608) in the checkpoint", "(64, 608) in the model")),
-    ({"num_blocks": 1}, "encoder.encoders.1.", ("key(s) unknown to the model",))])
+    ({"output_size": 64}, "encoder.embed.out.weight is (96, 608) in the checkpoint, (64, 608) in this config's model",
+     ("keys differ)",)),
+    ({"num_blocks": 1}, "the checkpoint's encoder.encoders.1.", ("is not in this config's model",))])
 def test_recognize_refuses_a_checkpoint_of_another_config_in_one_line(checkpoint_of_a_96_wide_model, change, key,
                                                                        shapes):
     tmp_path, conf = checkpoint_of_a_96_wide_model
@@ -61,7 +62,7 @@ def test_recognize_refuses_a_checkpoint_of_another_config_in_one_line(checkpoint
                str(tmp_path / "exp" / "epoch_0.pt"), "--test_data", str(tmp_path / "test.list"), "--result_dir",
                str(tmp_path / "dec"), "--modes", "ctc_greedy_search")
     assert_one_line(proc, f"--checkpoint {tmp_path / 'exp' / 'epoch_0.pt'} (--config {tmp_path / 'other.yaml'}) "
-                          "does not fit the model", key, *shapes)
+                          "holds another model than this config's: ", key, *shapes)
     assert not (tmp_path / "dec").exists()
 
 
@@ -74,7 +75,7 @@ def test_train_refuses_resuming_a_checkpoint_of_another_config_in_one_line(check
                str(tmp_path / "tb"), "--checkpoint", str(tmp_path / "exp" / "epoch_0.pt"),
                "--override_config", "encoder_conf.output_size 64", "--override_config", "train_conf.max_epoch 2",
                timeout=300)
-    assert_one_line(proc, "encoder.embed.out.weight: (96, 608) in the checkpoint, (64, 608) in the model")
+    assert_one_line(proc, "encoder.embed.out.weight is (96, 608) in the checkpoint, (64, 608) in this config's model")
 
 
 @pytest.mark.parametrize("option", ["--checkpoint", "--train_data"])
