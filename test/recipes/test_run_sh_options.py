@@ -91,8 +91,9 @@ def test_a_dir_holding_an_earlier_run_stops_before_any_stage_unless_told_to_cont
     assert proc.returncode == 1 and not re.search(r"^stage -?\d", proc.stdout, re.M), proc.stdout + proc.stderr
     assert proc.stderr.strip() == (
         f"--model_dir {exp} holds an earlier run (train.yaml): continue it with --checkpoint auto, start a new one "
-        f"there with --start_over (which moves the old one into {exp}/previous_runs/), or train into another "
-        "--model_dir")
+        f"there with --start_over (run.sh: --start_over true), which moves the old one into "
+        f"{exp}/previous_runs/, or train into another "
+        "--model_dir (run.sh: --dir)")
     for told in (["--start_over", "true"], ["--checkpoint", "auto"], ["--max_restarts", "2"]):
         proc = run_sh("--stage", "4", *told)  # the option reaches the check: the next stop is the missing data
         assert proc.returncode == 1 and "global_cmvn is missing: training needs it" in proc.stderr, proc.stderr

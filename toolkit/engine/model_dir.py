@@ -181,8 +181,8 @@ def plan_model_dir(model_dir: str, checkpoint: str | None, start_over: bool,
         problem = f", not the run of --checkpoint {checkpoint}"
     continue_it = "" if checkpoint == "auto" else "continue it with --checkpoint auto, "
     raise ConfigError(f"--model_dir {model_dir} holds an earlier run ({_describe(run)}){problem}: {continue_it}start "
-                      f"a new one there with --start_over (which moves the old one into "
-                      f"{os.path.join(model_dir, PREVIOUS_RUNS)}/), or train into another --model_dir")
+                      f"a new one there with --start_over (run.sh: --start_over true), which moves the old one into "
+                      f"{os.path.join(model_dir, PREVIOUS_RUNS)}/, or train into another --model_dir (run.sh: --dir)")
 
 
 def _run_files(names: list[str]) -> list[str]:

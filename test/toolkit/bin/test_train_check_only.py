@@ -69,8 +69,9 @@ def test_a_model_dir_holding_a_run_is_checked_as_the_run_would_check_it(tmp_path
         main(["--check_only", "--model_dir", str(exp)])
     assert str(stop.value.code) == (
         f"--model_dir {exp} holds an earlier run (train.yaml): continue it with --checkpoint auto, start a new one "
-        f"there with --start_over (which moves the old one into {exp}/previous_runs/), or train into another "
-        "--model_dir")
+        f"there with --start_over (run.sh: --start_over true), which moves the old one into "
+        f"{exp}/previous_runs/, or train into another "
+        "--model_dir (run.sh: --dir)")
     for given in (["--checkpoint", "auto"], ["--start_over"]):
         main(["--check_only", "--model_dir", str(exp), *given])
         assert capsys.readouterr().out == f"0 {torch.cuda.device_count()} 0\n"

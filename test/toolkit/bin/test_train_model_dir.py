@@ -75,8 +75,9 @@ def test_a_fresh_run_into_a_dir_holding_a_run_is_refused_until_start_over_moves_
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-4000:]
     assert [line.split(" ERROR ")[1] for line in errors(proc)] == [
         f"--model_dir {exp2} holds an earlier run (epoch_0.pt, init.pt, train.yaml): continue it with --checkpoint "
-        f"auto, start a new one there with --start_over (which moves the old one into {exp2}/previous_runs/), or "
-        "train into another --model_dir"]
+        f"auto, start a new one there with --start_over (run.sh: --start_over true), which moves the old one into "
+        f"{exp2}/previous_runs/, or "
+        "train into another --model_dir (run.sh: --dir)"]
     assert snapshot(exp2) == before
 
     proc = run(fresh + ["--start_over"])

@@ -49,8 +49,9 @@ def test_a_fresh_run_into_a_dir_holding_a_run_is_refused_in_one_line(tmp_path):
         plan_model_dir(str(exp), None, start_over=False)
     assert str(refused.value) == (
         f"--model_dir {exp} holds an earlier run (epoch_0.pt, epoch_1.pt, init.pt, step_8.pt, ... (5 files)): "
-        "continue it with --checkpoint auto, start a new one there with --start_over (which moves the old one into "
-        f"{exp}/{PREVIOUS_RUNS}/), or train into another --model_dir")
+        "continue it with --checkpoint auto, start a new one there with --start_over (run.sh: --start_over true), "
+        "which moves the old one into "
+        f"{exp}/{PREVIOUS_RUNS}/, or train into another --model_dir (run.sh: --dir)")
     other = str(tmp_path / "other" / "epoch_3.pt")
     with pytest.raises(ConfigError, match=f"holds an earlier run .*, not the run of --checkpoint {other}: continue"):
         plan_model_dir(str(exp), other, start_over=False)
