@@ -56,6 +56,7 @@ class ModelDirClaim:
         aside: names of the dir's entries to move into ``previous_runs/<N>/`` before the first write.
         reason: why they are moved, for the log.
         lock: the dir's lock on global rank 0 (None on other ranks).
+        made: global rank 0 made the dir for this job: a job that stops before its first write removes it again.
     """
 
     model_dir: str
@@ -63,6 +64,7 @@ class ModelDirClaim:
     aside: list[str] = field(default_factory=list)
     reason: str = ""
     lock: DirLock | None = None
+    made: bool = False
 
     def move_aside(self) -> None:
         """Global rank 0 (``run_on_main``): move :attr:`aside` into a new ``previous_runs/<N>/``, logging where."""
@@ -85,8 +87,10 @@ class ModelDirClaim:
     def __enter__(self) -> ModelDirClaim:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self.release()
+        if exc_type is not None and self.made:
+            _remove_if_empty(self.model_dir)  # a refused job leaves no trace, not even the dir it made
 
 
 def claim_model_dir(ctx: DistContext, model_dir: str, checkpoint: str | None, start_over: bool) -> ModelDirClaim:
@@ -100,9 +104,10 @@ def claim_model_dir(ctx: DistContext, model_dir: str, checkpoint: str | None, st
             holds another run than the one ``checkpoint`` and ``start_over`` say to continue or start, or is not
             shared by every rank.
     """
-    lock, claim = None, None
+    lock, claim, made = None, None, False
     if ctx.is_main:
         try:
+            made = not os.path.isdir(model_dir)
             os.makedirs(model_dir, exist_ok=True)
             lock = lock_model_dir(ctx, model_dir)
             claim = plan_model_dir(model_dir, checkpoint, start_over,
@@ -110,17 +115,26 @@ def claim_model_dir(ctx: DistContext, model_dir: str, checkpoint: str | None, st
         except (ConfigError, OSError) as e:
             if lock is not None:
                 lock.release()
+            if made:
+                _remove_if_empty(model_dir)
             claim = str(e) if isinstance(e, ConfigError) else f"--model_dir {model_dir}: {e.strerror} ({e.filename})"
     claim = broadcast_object_from_main(claim, "claim_model_dir")
     if isinstance(claim, str):
         raise ConfigError(claim)
-    claim.lock = lock
+    claim.lock, claim.made = lock, made
     try:
         check_shared_dir(model_dir, "--model_dir")  # NOTE: after the lock: one job's marker in the dir at a time
-    except BaseException:
-        claim.release()
+    except BaseException as e:
+        claim.__exit__(type(e), e, None)
         raise
     return claim
+
+
+def _remove_if_empty(model_dir: str) -> None:
+    try:
+        os.rmdir(model_dir)
+    except OSError:  # not empty (or gone): what is there stays
+        pass
 
 
 def lock_model_dir(ctx: DistContext, model_dir: str) -> DirLock:
