@@ -23,6 +23,7 @@ a mid-epoch checkpoint), so a refused job leaves the dir as it found it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -131,10 +132,8 @@ def claim_model_dir(ctx: DistContext, model_dir: str, checkpoint: str | None, st
 
 
 def _remove_if_empty(model_dir: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # not empty (or gone): what is there stays
         os.rmdir(model_dir)
-    except OSError:  # not empty (or gone): what is there stays
-        pass
 
 
 def lock_model_dir(ctx: DistContext, model_dir: str) -> DirLock:

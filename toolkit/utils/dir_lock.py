@@ -16,6 +16,7 @@ the path still names the file it locked (another process may have removed it mea
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -71,10 +72,8 @@ class DirLock:
         """Remove the lock file and drop the lock (a no-op when not held)."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # NOTE: while still held: a process waiting on this file then finds it gone
-        except FileNotFoundError:
-            pass
         os.close(self._fd)
         self._fd = None
 
