@@ -33,7 +33,6 @@ import contextlib
 import logging
 import math
 import os
-import re
 import time
 from typing import Callable, Iterable, Iterator
 
@@ -48,7 +47,7 @@ from toolkit.engine.stats import (NON_FINITE_LOSS, TOO_FEW_ENCODER_FRAMES, Epoch
                                   TrainingRate)
 from toolkit.engine.time_budget import SAVE_TO_LAST_IO, CvShare, TimeBudget
 from toolkit.engine.train_conf import TrainConf
-from toolkit.utils.checkpoint import load_info
+from toolkit.utils.checkpoint import info_path, load_info
 from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.rng import RngState
 
@@ -150,7 +149,7 @@ class Executor:
         """
         if not os.path.exists(path):
             raise ConfigError(f"--checkpoint {path}: no such file")
-        if not os.path.exists(re.sub(r"\.pt$", ".yaml", path)):
+        if not os.path.exists(info_path(path)):
             raise ConfigError(f"--checkpoint {path}: no .yaml beside it, so its save never finished (or the .yaml "
                               "was not copied with it)")
         progress = self.progress

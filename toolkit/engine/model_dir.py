@@ -36,7 +36,7 @@ from typing import Any
 from toolkit.distributed.collectives import broadcast_object_from_main
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.shared_dir import check_shared_dir
-from toolkit.utils.checkpoint import checkpoint_number, list_checkpoints, load_info, newest_checkpoint
+from toolkit.utils.checkpoint import checkpoint_number, info_path, list_checkpoints, load_info, newest_checkpoint
 from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.dir_lock import LOCK_FILE, DirLock
 
@@ -212,7 +212,7 @@ def _later_than(checkpoint: str, model_dir: str) -> list[str]:
     def reached(path: str) -> tuple[int, bool]:
         return load_info(path).get("step", -1), os.path.basename(path).startswith("epoch_")
 
-    if not os.path.exists(checkpoint[:-3] + ".yaml"):
+    if not os.path.exists(info_path(checkpoint)):
         return []  # not committed: the resume refuses it
     mine = reached(checkpoint)
     later = [p for prefix in ("epoch_", "step_") for p in list_checkpoints(model_dir, prefix)

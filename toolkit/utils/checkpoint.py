@@ -72,7 +72,7 @@ def save_checkpoint(path: str, state: dict[str, Any], info: dict[str, Any]) -> N
     checkpoint removes its old ``.yaml`` once the new ``.pt`` is on disk and before it replaces the old one: a
     failure while writing keeps the old checkpoint whole, and a crash later never leaves new weights beside the
     old metadata looking valid."""
-    yaml_path = re.sub(r"\.pt$", ".yaml", path)
+    yaml_path = info_path(path)
 
     def uncommit() -> None:
         if os.path.exists(yaml_path):
@@ -82,6 +82,11 @@ def save_checkpoint(path: str, state: dict[str, Any], info: dict[str, Any]) -> N
     atomic_write(yaml_path, lambda f: yaml.safe_dump(info, f, sort_keys=False), mode="w")
 
 
+def info_path(path: str) -> str:
+    """The info file ``<name>.yaml`` written beside checkpoint ``<name>.pt``, last, so that it marks a finished save."""
+    return re.sub(r"\.pt$", ".yaml", path)
+
+
 def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` onto the CPU (``mmap``: memory-mapped, so that a
     tensor's data is read only when used, e.g. to check shapes).
@@ -89,7 +94,7 @@ def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
     Raises:
         FileNotFoundError: ``path`` or its committed ``.yaml`` is missing (an interrupted save).
     """
-    yaml_path = re.sub(r"\.pt$", ".yaml", path)
+    yaml_path = info_path(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if not os.path.exists(yaml_path):
@@ -126,7 +131,7 @@ def check_model_state(shapes: Mapping[str, tuple[int, ...]], saved: Mapping[str,
 
 def load_info(path: str) -> dict[str, Any]:
     """Read the metadata YAML of checkpoint ``path`` (``x.pt`` or ``x.yaml``)."""
-    with open(re.sub(r"\.pt$", ".yaml", path), encoding="utf-8") as f:
+    with open(info_path(path), encoding="utf-8") as f:
         return yaml.safe_load(f) or {}
 
 
@@ -156,8 +161,8 @@ def list_checkpoints(model_dir: str, prefix: str = "epoch_") -> list[str]:
     once (use one prefix per call: ``epoch_3`` and ``step_3`` are different counters).
 
     What averaging, retention and ``--checkpoint auto`` select from, so a file counts once whatever its names: only
-    the names the trainer writes (``<prefix>`` + a number without leading zeros) are listed, so another name (``epoch_best.pt``, a copy or
-    a link marking an epoch) is left out; and names of one file (a symbolic or a hard link: the same device and
+    the names the trainer writes (``<prefix>`` + a number without leading zeros) are listed, so another name
+    (``epoch_best.pt``, a copy or a link marking an epoch) is left out; and names of one file (a symbolic or a hard link: the same device and
     inode, links followed) are listed once, under the name that is not a symbolic link (the lowest N among equals).
     Either is logged once, naming the files.
     """
@@ -168,7 +173,7 @@ def list_checkpoints(model_dir: str, prefix: str = "epoch_") -> list[str]:
             st = os.stat(path)  # NOTE: follows a symbolic link; a dangling one is no checkpoint
         except FileNotFoundError:
             continue
-        if os.path.exists(path[:-3] + ".yaml"):
+        if os.path.exists(info_path(path)):
             by_file.setdefault((st.st_dev, st.st_ino), []).append(path)
     listed = []
     for names in by_file.values():
@@ -201,7 +206,7 @@ def delete_checkpoint(path: str) -> list[str]:
     it. Files already gone are no error. Returns the paths removed.
     """
     removed = []
-    yaml_path = re.sub(r"\.pt$", ".yaml", path)
+    yaml_path = info_path(path)
     for file in (yaml_path, path):
         try:
             os.unlink(file)
