@@ -44,6 +44,7 @@ import sys
 import torch
 
 from toolkit.dataset import count_utterances, init_dataset_and_dataloader
+from toolkit.dataset.loader import build_dataloader
 from toolkit.dataset.planning import planned_batching
 from toolkit.distributed.context import DistContext, destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
@@ -55,7 +56,7 @@ from toolkit.engine.executor import Executor
 from toolkit.engine.model_dir import claim_model_dir, plan_model_dir
 from toolkit.engine.position import data_signature
 from toolkit.engine.stats import require_utterances
-from toolkit.engine.time_budget import CvShare
+from toolkit.engine.time_budget import CV_PROBE_UTTS, CvShare
 from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
@@ -253,8 +254,9 @@ def main(argv=None) -> None:
                          is_empty=lambda batch: len(batch["keys"]) == 0)
         signature = data_signature(None if train_set.planned_batching else ctx.world_size, args.train_data,
                                    config.to_dict()["dataset_conf"], train_conf.accum_grad)
-        # max_train_minutes estimates the first CV from the size of the largest rank's share (rank 0 decides)
+        # max_train_minutes times a sample of each rank's CV share, scaled to the largest share (rank 0 decides)
         cv_share = CvShare(*cv_set.largest_share()) if train_conf.max_train_minutes and ctx.is_main else CvShare(0)
+        cv_probe = build_dataloader(cv_set.sample(CV_PROBE_UTTS)) if train_conf.max_train_minutes else ()
         executor = Executor(engine, join, Checkpointer(engine, args.model_dir, train_conf), train_conf,
                             config.dataset_conf.fbank_conf.frame_shift_s, signature,
                             count_utterances(args.train_data, config.dataset_conf.data_type), cv_share=cv_share)
@@ -270,8 +272,8 @@ def main(argv=None) -> None:
         # 8. tensorboard (rank 0); the points an abandoned run logged after the resumed step are purged
         writer = executor.writer = main_process_only(init_summarywriter)(args.tensorboard_dir, args.model_dir,
                                                                          purge_step=executor.progress.step + 1)
-        # 9. epochs: train, cross-validate on every rank, save collectively
-        for epoch in executor.epochs():
+        # 9. epochs (max_train_minutes first probes the CV): train, cross-validate on every rank, save collectively
+        for epoch in executor.epochs(cv_probe):
             train_stats = executor.train(train_loader, train_set)
             require_utterances(train_stats, f"epoch {epoch} trained", args.train_data)
             cv_stats = executor.cv(cv_loader)

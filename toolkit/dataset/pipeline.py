@@ -209,6 +209,25 @@ class AsrDataset(IterableDataset):
             counts[worker // workers] += len(lines)
         return counts
 
+    def sample(self, utts: int) -> "AsrDataset":
+        """A dataset in this one's mode and ``dataset_conf`` over ``utts`` of this rank's lines of epoch 0 taken at
+        an even stride (raw; all of them if fewer), so that its batches look like this rank's (lengths, padding,
+        batch sizes): what ``max_train_minutes`` times to estimate a CV pass. Shards: this rank's first whole shards
+        holding ``utts`` utterances by what their lines record (a bare path counts 1)."""
+        workers = max(1, self.conf.dataloader_conf.num_workers)
+        mine = sorted(i for lines, worker in self.parts(0, workers) if worker // workers == self.rank for i in lines)
+        if self.conf.data_type == "raw":
+            picked = mine[::max(1, len(mine) // max(utts, 1))][:utts]
+        else:
+            picked, held = [], 0
+            for i in mine:
+                if held >= utts:
+                    break
+                picked.append(i)
+                held += shard.parse_shard_line(self.lines[i])[1] or 1
+        return AsrDataset([self.lines[i] for i in picked], self.tokenizer, self.conf, self.mode, rank=0,
+                          world_size=1, seed=self.seed)
+
     def largest_share(self) -> Tuple[int, Optional[float]]:
         """``(utterances, audio seconds)``: the most any rank reads in one pass (epoch 0), each the largest over the
         ranks. Raw lines count one utterance each and are timed from their audio headers (read here, as for planned

@@ -45,7 +45,7 @@ from toolkit.engine.checkpointer import Checkpointer
 from toolkit.engine.position import EpochPosition, ResumableDataset, TrainProgress
 from toolkit.engine.stats import (NON_FINITE_LOSS, TOO_FEW_ENCODER_FRAMES, EpochStats, RunningEpochStats,
                                   TrainingRate)
-from toolkit.engine.time_budget import SAVE_TO_LAST_IO, CvShare, TimeBudget
+from toolkit.engine.time_budget import CV_PROBE_UTTS, SAVE_TO_LAST_IO, CvShare, TimeBudget
 from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import info_path, load_info
 from toolkit.utils.config_parsing import ConfigError
@@ -104,8 +104,8 @@ class Executor:
         utts_per_epoch: utterances in the training list (all ranks), for the ETA.
         clock: seconds on a monotonic clock, for ``max_train_minutes`` (:class:`TimeBudget`); only global rank 0's
             decides.
-        cv_share: the largest rank's share of a CV pass, from which ``max_train_minutes`` estimates the CV's time
-            before it has measured one (:class:`CvShare`; only global rank 0's is read).
+        cv_share: the largest rank's share of a CV pass, to which ``max_train_minutes`` scales its CV probe before
+            it has measured a CV (:class:`CvShare`; only global rank 0's is read).
 
     Attributes:
         writer: rank 0's tensorboard ``SummaryWriter`` (None elsewhere, or to log nothing); set it after
@@ -169,23 +169,31 @@ class Executor:
         logging.info("resumed from %s: epoch %d after %d of its batches, step %d", path, progress.epoch,
                      progress.batches_in_epoch, progress.step)
 
-    def epochs(self) -> Iterator[int]:
+    def epochs(self, cv_probe: Iterable[dict] = ()) -> Iterator[int]:
         """The epochs left to train (from the resumed one), each set in :attr:`progress` while it runs.
 
         Collective with ``train_conf.max_train_minutes``, which bounds the run from this call (see
-        :mod:`toolkit.engine.time_budget`): no epoch starts whose loader's start-up would end past the budget's
-        deadline.
+        :mod:`toolkit.engine.time_budget`): first every rank forwards the batches of ``cv_probe`` (a loader over a
+        sample of its CV share, :meth:`AsrDataset.sample`; up to :data:`CV_PROBE_UTTS` utterances), which rank 0
+        times for the estimate of the first CV; no epoch starts whose loader's start-up would end past the
+        budget's deadline.
         A run that still ends past the bound (a CV + save longer than the longest measured or the estimate, or
         alone longer than the bound) says so in a warning.
         """
         first = self.progress.epoch
         budget = self.time_budget
-        budget.start(self.cv_share, self.checkpointer.last_io_s)
+        budget.start(self.checkpointer.last_io_s)
         log = main_process_only(logging.info)
         if budget.bounded:
             log("train_conf.max_train_minutes %g: training stops there, cutting short the epoch in progress, and "
-                "keeps the longest CV + save so far for its end, estimated for %d CV utterances until one is "
-                "measured (max_epoch %d)", budget.minutes, self.cv_share.utts, self.max_epoch)
+                "keeps the longest CV + save so far for its end, estimated from a probe of the CV until one is "
+                "measured (max_epoch %d)", budget.minutes, self.max_epoch)
+            started = budget.clock()
+            probed = self._forward_only(cv_probe, "CV probe", CV_PROBE_UTTS)
+            tail_s = budget.cv_probed(budget.clock() - started, CvShare(probed.offered, probed.audio_s),
+                                      self.cv_share)
+            log("train_conf.max_train_minutes %g: %d CV utterances probed, CV + save of the largest share (%d "
+                "utterances) estimated at %.1f s", budget.minutes, probed.offered, self.cv_share.utts, tail_s)
         for epoch in range(first, self.max_epoch):
             if epoch > first and not budget.next_epoch_fits():
                 log("train_conf.max_train_minutes %g: stopping after epoch %d of max_epoch %d: %.1f minutes "
@@ -263,7 +271,7 @@ class Executor:
                 self._log_step(stats, out, loss, lr, grad_norm)
             # NOTE: only here, at an optimizer-step boundary: a checkpoint never holds half an accumulation.
             save_due = self.checkpointer.step_due(progress.step)
-            if self._cut_here(stats, save_due):
+            if self._cut_here(save_due):
                 break
             if save_due:
                 self.checkpointer.save(f"step_{progress.step}", {
@@ -276,13 +284,12 @@ class Executor:
         self.time_budget.epoch_trained()
         return stats
 
-    def _cut_here(self, stats: EpochStats, save_due: bool) -> bool:
+    def _cut_here(self, save_due: bool) -> bool:
         """Collective when bounded: whether the time budget cuts the epoch at this step (:attr:`cut_short`), told
-        what this rank trained since :meth:`train` began and whether a ``step_N`` checkpoint is due here."""
+        whether a ``step_N`` checkpoint is due here."""
         budget, progress = self.time_budget, self.progress
         saving_s = SAVE_TO_LAST_IO * self.checkpointer.last_io_s if save_due else 0.0
-        self.cut_short = budget.step_past_deadline(stats.num_utts - self._rate.num_utts,
-                                                   stats.audio_s - self._rate.audio_s, saving_s)
+        self.cut_short = budget.step_past_deadline(saving_s)
         if self.cut_short:
             main_process_only(logging.info)(
                 "train_conf.max_train_minutes %g: epoch %d cut short after %d batches (step %d), %.1f minutes "
@@ -320,12 +327,17 @@ class Executor:
             for key, value in {"loss": loss, "lr": lr, "grad_norm": grad_norm, **extra}.items():
                 self.writer.add_scalar(f"train/{key}", value, progress.step)
 
-    @torch.no_grad()
-    def cv(self, dataloader) -> EpochStats:
+    def cv(self, dataloader: Iterable[dict]) -> EpochStats:
         """Loss over this rank's share of the CV data, then reduced over all ranks (exact: sums, not averages of
         averages). Every rank calls it. Uses the unwrapped model inside :meth:`Engine.evaluation`, so forwards issue
         no collective and uneven CV shares (even an empty one) need no join. Its loader's start-up is what
         ``max_train_minutes`` expects the next epoch's to take (:meth:`TimeBudget.loader_started`)."""
+        return self._forward_only(dataloader, "cross-validation").reduce()
+
+    @torch.no_grad()
+    def _forward_only(self, dataloader: Iterable[dict], where: str, max_utts: float = math.inf) -> EpochStats:
+        """This rank's loss over the batches of ``dataloader`` (up to the one that reaches ``max_utts`` offered
+        utterances), as :meth:`cv` describes; left-out utterances are logged as ``where``'s."""
         engine = self.engine
         model = engine.module
         model.eval()
@@ -337,13 +349,15 @@ class Executor:
                     self.time_budget.loader_started(started)
                 if len(batch["keys"]) == 0:
                     stats.add(batch, None)
-                    continue
-                with engine.autocast():
-                    out = model(*_to_device(batch, engine.ctx.device))
-                loss = float(out["loss"])
-                _log_left_out(batch, loss, out.get("excluded"), "cross-validation")
-                stats.add(batch, loss, self.frame_shift_s, out.get("excluded"))
-        return stats.reduce()
+                else:
+                    with engine.autocast():
+                        out = model(*_to_device(batch, engine.ctx.device))
+                    loss = float(out["loss"])
+                    _log_left_out(batch, loss, out.get("excluded"), where)
+                    stats.add(batch, loss, self.frame_shift_s, out.get("excluded"))
+                if stats.offered >= max_utts:
+                    break
+        return stats
 
     def epoch_info(self, train: EpochStats, cv: EpochStats) -> dict:
         """The finished epoch's metadata (its checkpoint's YAML), logged on the main process and written to

@@ -41,6 +41,11 @@ class EpochStats:
     def loss(self) -> float:
         return self.loss_sum / max(self.num_utts, 1)
 
+    @property
+    def offered(self) -> int:
+        """Utterances offered: in the loss sums, dropped or skipped."""
+        return self.num_utts + self.dropped_utts + sum(self.skipped.values())
+
     def add(self, batch: dict, loss: float | None, frame_shift_s: float = 0.0,
             excluded: torch.Tensor | None = None) -> None:
         """Count ``batch``, its audio as ``feats_lengths`` frames of ``frame_shift_s`` seconds: ``loss`` None for one

@@ -8,21 +8,19 @@ still end by M; no epoch starts whose loader's start-up (as long as the CV loade
 point, and no ``step_N`` checkpoint is written whose save would end past it (the epoch is cut there instead).
 
 The tail is the longest measured so far. Before the first one is measured (the first epoch of every start, a
-resumed one included), global rank 0 estimates it from what it has measured by then
-(:meth:`TimeBudget.tail_estimate_s`), from the epoch's second step on: the CV is a forward-only pass over a known
-share of utterances and seconds of audio, and a training step (loading, forward, backward, update) costs at least
-what loading and the forward pass of the same batch do, so the CV takes at most the loader's start-up plus the
-training time since the first step times the larger of the ratios CV share / trained since the first step, in
-utterances and in audio seconds (a batch costs a fixed part plus a part growing with its audio: the larger ratio
-bounds both); the save at most :data:`SAVE_TO_LAST_IO` times this process's last checkpoint save or load (the
-``init`` checkpoint, or the one it resumed from). The estimate errs high (a CV set of long utterances against
-training on short ones, much more): then the first epoch is cut early, its CV + save measured, and the next epoch
-trains up to M less the measured tail; an estimate too high costs one CV pass, never the bound. A run that ends
-past M anyway (one CV + save longer than M, or slower than the one kept back) says so (:meth:`overrun_s`).
+resumed one included), it is estimated from a *CV probe* right after :meth:`TimeBudget.start`: every rank forwards,
+as the CV does, a sample of :data:`CV_PROBE_UTTS` utterances spread evenly over its CV share (so batches of the
+same lengths, padding and sizes), and global rank 0 scales its own probe to the largest rank's CV share
+(:meth:`TimeBudget.cv_probed`): the loader's start-up plus the probe's forward time times the larger of the ratios
+share / probed, in utterances and in audio seconds (a batch costs a fixed part plus a part growing with its audio:
+the larger ratio bounds both); the save at most
+:data:`SAVE_TO_LAST_IO` times this process's last checkpoint save or load (the ``init`` checkpoint, or the one it
+resumed from). The probe costs one loader start-up and a few batches, inside the bound. A run that ends past M anyway
+(one CV + save longer than M, or slower than the one kept back) says so (:meth:`TimeBudget.overrun_s`).
 
 Global rank 0's clock decides and broadcasts every decision (each decision is a collective), so ranks whose clocks
 disagree stop together. The bound is this process's: a resumed job has M minutes again. M = 0 disables the bound,
-and then no decision costs a collective.
+and then nothing is probed and no decision costs a collective.
 """
 
 from __future__ import annotations
@@ -37,12 +35,14 @@ from toolkit.distributed.collectives import broadcast_from_main
 # An epoch checkpoint holds the weights and up to two optimizer moments per weight (Adam); the init checkpoint only
 # the weights, a resumed one all three.
 SAVE_TO_LAST_IO = 3.0
+# Utterances of each rank's CV share that the probe forwards before the first epoch of a bounded run.
+CV_PROBE_UTTS = 64
 
 
 @dataclass(frozen=True)
 class CvShare:
-    """The largest rank's share of one CV pass: ``utts`` utterances and ``audio_s`` seconds of audio (None when
-    unknown before reading it, e.g. shards)."""
+    """``utts`` utterances and ``audio_s`` seconds of audio (None when unknown before reading it, e.g. shards) of
+    CV data: the largest rank's share of a pass, or what a probe read."""
 
     utts: int
     audio_s: Optional[float] = None
@@ -69,58 +69,53 @@ class TimeBudget:
     def minutes(self) -> float:
         return self.max_s / 60
 
-    def start(self, cv: CvShare = CvShare(0), last_io_s: float = 0.0) -> None:
-        """The run's training starts now: the deadline is M minutes away, no CV + save measured yet.
+    def start(self, last_io_s: float = 0.0) -> None:
+        """The run's training starts now: the deadline is M minutes away, no CV + save measured yet, the tail
+        estimated as the save alone until :meth:`cv_probed`.
 
         Args:
-            cv: the largest rank's share of a CV pass, what the tail estimate scales.
             last_io_s: seconds of this process's last checkpoint save or load, what the save estimate scales.
         """
-        # Rank 0's clock: when the run started, when the epoch in progress started, its first step ended and its
-        # training ended; the longest CV + save (None before one is measured) and first step (loader start-up
-        # included) so far; what the epoch had trained at its first step; the CV loader's last start-up.
-        self._started = self._epoch_started = self._train_ended = self._last_step = self.clock()
-        self._first_step_ended: Optional[float] = None
-        self._deadline = self._started + self.max_s if self.bounded else math.inf
+        # Rank 0's clock: when the run started, the epoch in progress its training ended, its last step ended; the
+        # longest CV + save (None before one is measured) and its estimate until then; the CV loader's last start-up.
+        self._started = self._train_ended = self._last_step = self.clock()
         self._longest_tail_s: Optional[float] = None
-        self._longest_first_step_s = self._loader_start_s = 0.0
-        self._trained_at_first_step = (0, 0.0)
+        self._save_s = SAVE_TO_LAST_IO * last_io_s
+        self._tail_estimate_s = self._save_s
+        self._loader_start_s = 0.0
         self._cut_step_late_s = 0.0  # how far past the deadline (at most its own length) the cut step ended
-        self._cv, self._save_s = cv, SAVE_TO_LAST_IO * last_io_s
+
+    @property
+    def _deadline(self) -> float:
+        if not self.bounded:
+            return math.inf
+        tail = self._tail_estimate_s if self._longest_tail_s is None else self._longest_tail_s
+        return self._started + self.max_s - tail
+
+    def cv_probed(self, probe_s: float, probed: CvShare, share: CvShare) -> float:
+        """A CV probe ended now: it took ``probe_s`` seconds, the loader's start-up (the last
+        :meth:`loader_started`) included, and forwarded ``probed``; ``share`` is the largest rank's CV share. Until
+        a CV + save is measured, the tail is the start-up plus the probe's forward time scaled by the larger of the
+        ratios ``share / probed`` (utterances; audio seconds where both are known), plus the save estimate.
+        Returns that tail in seconds (the start-up and the save alone when the probe read no utterance)."""
+        ratio = share.utts / probed.utts if probed.utts > 0 else 0.0
+        if probed.utts > 0 and probed.audio_s and share.audio_s is not None:
+            ratio = max(ratio, share.audio_s / probed.audio_s)
+        forward_s = max(0.0, probe_s - self._loader_start_s)
+        self._tail_estimate_s = self._loader_start_s + forward_s * ratio + self._save_s
+        return self._tail_estimate_s
 
     def epoch_started(self) -> None:
         """An epoch's training starts now (its loader is about to start)."""
-        self._epoch_started = self._last_step = self.clock()
-        self._first_step_ended = None
+        self._last_step = self.clock()
 
-    def tail_estimate_s(self, trained_utts: int, trained_audio_s: float) -> float:
-        """Seconds the CV + save take at most, estimated from the epoch's training so far (see the module
-        docstring): ``trained_utts`` utterances and ``trained_audio_s`` seconds of audio on this rank since
-        :meth:`epoch_started`. 0 without a CV share, and until a step after the epoch's first has trained an
-        utterance."""
-        utts0, audio0 = self._trained_at_first_step
-        utts, audio_s = trained_utts - utts0, trained_audio_s - audio0
-        if self._cv.utts == 0 or self._first_step_ended is None or utts <= 0:
-            return 0.0
-        ratio = self._cv.utts / utts
-        if self._cv.audio_s is not None and audio_s > 0:
-            ratio = max(ratio, self._cv.audio_s / audio_s)
-        return self._longest_first_step_s + (self.clock() - self._first_step_ended) * ratio + self._save_s
-
-    def step_past_deadline(self, trained_utts: int = 0, trained_audio_s: float = 0.0, saving_s: float = 0.0) -> bool:
+    def step_past_deadline(self, saving_s: float = 0.0) -> bool:
         """Collective when bounded (every rank calls it after each optimizer step): whether training stops at this
         step (rank 0's decision): the step, followed by ``saving_s`` seconds of a ``step_N`` checkpoint due there
-        (0 for none), ends past the deadline. ``trained_utts``, ``trained_audio_s``: this rank's since
-        :meth:`epoch_started`, for the tail estimate while no tail is measured."""
+        (0 for none), ends past the deadline."""
         if not self.bounded:
             return False
         now = self.clock()
-        if self._first_step_ended is None:
-            self._first_step_ended = now
-            self._longest_first_step_s = max(self._longest_first_step_s, now - self._epoch_started)
-            self._trained_at_first_step = (trained_utts, trained_audio_s)
-        elif self._longest_tail_s is None:
-            self._deadline = self._started + self.max_s - self.tail_estimate_s(trained_utts, trained_audio_s)
         past = now + saving_s >= self._deadline
         if past:
             self._cut_step_late_s = min(now - self._last_step, max(0.0, now - self._deadline))
@@ -145,7 +140,6 @@ class TimeBudget:
             return True
         now = self.clock()
         self._longest_tail_s = max(self._longest_tail_s or 0.0, now - self._train_ended)
-        self._deadline = self._started + self.max_s - self._longest_tail_s
         return not broadcast_from_main(now + self._loader_start_s >= self._deadline,
                                        "TimeBudget.next_epoch_fits")
 

@@ -1,7 +1,7 @@
 """One rank of the ``max_train_minutes`` test: TinyCTC on real tiny_fsdd batches, 4 batches an epoch, under clocks
 that the loader advances by 1 s per batch it reads and a stand-in for CV by 1 s after each epoch (so an epoch takes
-5 s of them, whatever the machine), with ``max_epoch`` 10 and a CV share of one batch's utterances (what the first
-epoch's tail estimate scales). Rank 1's clock runs an hour ahead and 5 times as fast:
+5 s of them, whatever the machine), with ``max_epoch`` 10, and a CV probe of one batch that is the whole CV share (so the
+first epoch's estimate is the probe's 1 s). Rank 1's clock runs an hour ahead and 5 times as fast:
 deciding on its own it would stop at its first step while rank 0 trains on, and the job would hang in the next
 all-reduce. Writes the epochs trained, with the optimizer steps after each and whether it was cut short, and its
 clock when the run ended.
@@ -35,8 +35,11 @@ tick = 5.0 if ctx.rank == 1 else 1.0
 
 
 class TickingLoader:
+    def __init__(self, batches):
+        self.batches = batches
+
     def __iter__(self):
-        for batch in mine:
+        for batch in self.batches:
             now[0] += tick
             yield batch
 
@@ -46,8 +49,8 @@ engine, _ = prepared_ddp_engine(ctx, train_conf)
 join = FlagJoin(ctx.pg_timeout) if join_mode == "flag" else MonitoredBarrierJoin(ctx.pg_timeout, timeout_s=10)
 executor = executor_for(engine, join, train_conf, out_dir, clock=lambda: now[0], cv_share=CvShare(BATCH_SIZE))
 trained = []
-for epoch in executor.epochs():
-    executor.train(TickingLoader())
+for epoch in executor.epochs(TickingLoader(mine[:1])):
+    executor.train(TickingLoader(mine))
     now[0] += tick  # cross-validation and the save
     trained.append([epoch, executor.progress.step, executor.cut_short])
 write_rank_report(out_dir, ctx.rank, [trained, now[0]])

@@ -259,6 +259,25 @@ def test_largest_share_counts_utterances_and_header_seconds(tmp_path, tokenizer)
                          mode="cv", world_size=2).largest_share() == (8, None)  # a + c; audio unknown
 
 
+def test_sample_spreads_over_this_ranks_share_and_batches_as_it_does(tmp_path, tokenizer):
+    """What max_train_minutes times for its first CV estimate: an even sample of this rank's CV lines."""
+    entries = kaldi_entries(FSDD, "train")[:40]
+    data_list = write_list(tmp_path / "data.list", entries)
+    conf = {"batch_conf": {"batch_size": 3}, "dataloader_conf": {"num_workers": 2, "prefetch_factor": 2}}
+    rank_1 = build_dataset(data_list, tokenizer, conf, mode="cv", rank=1, world_size=2)
+    sample = rank_1.sample(5)
+    assert (sample.mode, sample.conf, sample.world_size) == ("cv", rank_1.conf, 1)
+    # rank 1 of 2 ranks x 2 workers reads lines 2, 3, 6, 7, ... 38, 39 (20 lines): every 4th of them, in order
+    assert sample.lines == [json.dumps(entries[i]) for i in (2, 10, 18, 26, 34)]
+    keys, skipped = collect(build_dataloader(sample))
+    assert sorted(keys) == sorted(entries[i]["key"] for i in (2, 10, 18, 26, 34)) and not skipped
+    assert len(rank_1.sample(100).lines) == 20  # all of its share
+    shards = write_list(tmp_path / "shards.list", [{"shard": f"{n}.tar", "num_utts": 7} for n in "abcd"])
+    shard_set = build_dataset(shards, tokenizer, {"data_type": "shard", "dataloader_conf": {"num_workers": 0}},
+                              mode="cv")
+    assert [json.loads(line)["shard"] for line in shard_set.sample(8).lines] == ["a.tar", "b.tar"]  # whole shards
+
+
 def test_raw_segments_read_only_their_span(tmp_path, tokenizer):
     entry = kaldi_entries(LJ, "dev")[0]
     entries = [dict(entry, key="seg-a", start=0.0, end=1.0), dict(entry, key="seg-b", start=1.0, end=3.5)]
