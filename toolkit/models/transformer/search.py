@@ -1,9 +1,10 @@
-"""Decoding algorithms for the hybrid CTC/attention model, as plain functions.
+"""Decoding algorithms for the hybrid CTC/attention model.
 
 - CTC greedy search: best token per frame, merge repeats, drop blanks (Graves et al., 2006).
 - CTC prefix beam search: sum over alignments of each label prefix (Graves, 2012, "Supervised
   Sequence Labelling", section 7.5; Hannun et al., 2014, arXiv:1408.2873), optionally fused with a
-  word n-gram LM (:class:`PrefixLM`).
+  word n-gram LM (:class:`PrefixLM`); fed chunk by chunk for streaming (:class:`CtcPrefixBeamSearch`,
+  partial hypotheses after each chunk), or a whole utterance at once (:func:`ctc_prefix_beam_search`).
 - Attention beam search: left-to-right beam search with the attention decoder.
 - Attention rescoring: CTC prefix beam n-best rescored by the attention decoder (as in WeNet,
   Yao et al., 2021, arXiv:2102.01547, section 2.2).
