@@ -69,9 +69,10 @@ class Prefix(Sequence[int]):
     quadratic in the utterance's length).
 
     Two nodes holding the same tokens are equal and hash alike (the hash is computed once, from the parent's and
-    the token; equality walks back from the ends to the first node they share). As a ``Sequence[int]`` of the
-    token ids, ``len`` costs O(1) and reading item ``i`` or a slice from ``i`` costs O(length - i): read near the
-    end (an LM's open word, its last n - 1 tokens); iterating reads the whole prefix.
+    the token; equality walks back from the ends to the first node they share): a prefix can leave the beam while
+    its extension stays, and come back as a new node whose extension must meet the old one. As a ``Sequence[int]``
+    of the token ids, ``len`` costs O(1) and reading item ``i`` or a slice from ``i`` costs O(length - i): read
+    near the end (an LM's open word, its last n - 1 tokens); iterating reads the whole prefix.
     """
     __slots__ = ("parent", "token", "length", "_hash")
 
