@@ -22,9 +22,11 @@ import glob
 import logging
 import math
 import os
+import pickle
 import re
 import secrets
 import shutil
+import zipfile
 from typing import Any, Callable, Mapping
 
 import torch
@@ -93,15 +95,27 @@ def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: ``path`` or its committed ``.yaml`` is missing (an interrupted save).
+        ConfigError: ``path`` is not a readable checkpoint: truncated, not a torch save (``torch.save`` writes a zip
+            archive), not a dict or without a ``model`` entry; one line naming the file and the reason.
     """
     yaml_path = info_path(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if not os.path.exists(yaml_path):
         raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    unreadable = f"{path} is not a readable checkpoint (truncated or not a torch save)"
+    # NOTE: checked first, since torch's own errors for these (a cut file, random bytes) differ with mmap and read
+    # as internal errors ("PytorchStreamReader failed ..."; "mmap can only be used with files saved with ...")
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(f"{unreadable}: no zip directory at its end, where torch.save writes one")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{unreadable}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    if not isinstance(state, dict):
+        raise ConfigError(f"{unreadable}: it holds a {type(state).__name__}, not a dict")
     if MODEL_KEY not in state:
-        raise KeyError(f"{path}: no '{MODEL_KEY}' entry; keys are {sorted(state)}")
+        raise ConfigError(f"{unreadable}: no '{MODEL_KEY}' entry; keys are {sorted(map(str, state))}")
     return state
 
 
