@@ -103,20 +103,32 @@ def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if not os.path.exists(yaml_path):
         raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
-    unreadable = f"{path} is not a readable checkpoint (truncated or not a torch save)"
+    state = read_torch_file(path, mmap)
+    if not isinstance(state, dict):
+        raise ConfigError(f"{path} {UNREADABLE}: it holds a {type(state).__name__}, not a dict")
+    if MODEL_KEY not in state:
+        raise ConfigError(f"{path} {UNREADABLE}: no '{MODEL_KEY}' entry; keys are {sorted(map(str, state))}")
+    return state
+
+
+UNREADABLE = "is not a readable checkpoint (truncated or not a torch save)"
+
+
+def read_torch_file(path: str, mmap: bool = False) -> Any:
+    """What ``torch.save`` wrote at ``path`` (a checkpoint, a DeepSpeed shard), loaded onto the CPU.
+
+    Raises:
+        ConfigError: ``path`` is cut short or not a torch save (``torch.save`` writes a zip archive): one line,
+            ``<path> is not a readable checkpoint (truncated or not a torch save): <reason>``.
+    """
     # NOTE: checked first, since torch's own errors for these (a cut file, random bytes) differ with mmap and read
     # as internal errors ("PytorchStreamReader failed ..."; "mmap can only be used with files saved with ...")
     if not zipfile.is_zipfile(path):
-        raise ConfigError(f"{unreadable}: no zip directory at its end, where torch.save writes one")
+        raise ConfigError(f"{path} {UNREADABLE}: no zip directory at its end, where torch.save writes one")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, zipfile.BadZipFile) as e:
-        raise ConfigError(f"{unreadable}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-    if not isinstance(state, dict):
-        raise ConfigError(f"{unreadable}: it holds a {type(state).__name__}, not a dict")
-    if MODEL_KEY not in state:
-        raise ConfigError(f"{unreadable}: no '{MODEL_KEY}' entry; keys are {sorted(map(str, state))}")
-    return state
+        raise ConfigError(f"{path} {UNREADABLE}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
 def check_model_state(shapes: Mapping[str, tuple[int, ...]], saved: Mapping[str, Any], path: str) -> None:
