@@ -348,16 +348,16 @@ class DeepSpeedEngine(Engine):
         except ConfigError as e:
             saved = str(e)
         gathered = all_gather_objects((missing, damaged, saved), "load_model")
-        for _, _, saved in gathered:
-            if isinstance(saved, str):
-                raise ConfigError(saved)
-        setup = next((saved for _, _, saved in gathered if saved is not None), None)
+        for _, _, seen in gathered:
+            if isinstance(seen, str):  # a rank's model-states file is unreadable
+                raise ConfigError(seen)
+        setup = next((seen for _, _, seen in gathered if seen is not None), None)
         if setup is not None:
-            stage, saved_bf16, world_size = setup
-            if (stage, saved_bf16) != (self.stage, bf16):
+            stage, dtype, world_size = setup
+            if (stage, dtype) != (self.stage, self.dtype):
                 raise ConfigError(
                     f"cannot resume {path} with ZeRO stage {self.stage} in {self.dtype}: its shards were saved with "
-                    f"stage {stage} in {'bf16' if saved_bf16 else 'fp32'} and resume with that setup only; set it "
+                    f"stage {stage} in {dtype} and resume with that setup only; set it "
                     "in --deepspeed_config and train_conf.dtype, or start from its weights with --train_engine "
                     "torch_ddp")
             if (self.stage > 0 or bf16) and world_size not in (0, self.ctx.world_size):
@@ -378,10 +378,10 @@ class DeepSpeedEngine(Engine):
         return consolidated.get(EXTRA_KEY, {})
 
 
-def _saved_setup(model_dir: str, tag: str) -> tuple[int, bool, int] | None:
-    """``(ZeRO stage, bf16, data-parallel world size)`` that DeepSpeed's model-states file in ``{model_dir}/{tag}/``
-    records (its ``ds_config`` and ``dp_world_size``), or None where this rank sees none; memory-mapped, so the
-    weights are not read.
+def _saved_setup(model_dir: str, tag: str) -> tuple[int, str, int] | None:
+    """``(ZeRO stage, dtype: "fp32", "bf16" or "fp16", data-parallel world size)`` that DeepSpeed's model-states
+    file in ``{model_dir}/{tag}/`` records (its ``ds_config`` and ``dp_world_size``), or None where this rank sees
+    none; memory-mapped, so the weights are not read.
 
     Raises:
         ConfigError: the file is cut short or not a torch save.
@@ -391,8 +391,8 @@ def _saved_setup(model_dir: str, tag: str) -> tuple[int, bool, int] | None:
         if os.path.exists(model_states):
             state = read_torch_file(model_states, mmap=True)
             ds_config = state.get("ds_config") or {}
-            return (zero_stage(ds_config), bool(ds_config.get("bf16", {}).get("enabled", False)),
-                    int(state.get("dp_world_size", 0)))
+            dtype = next((half for half in ("bf16", "fp16") if ds_config.get(half, {}).get("enabled")), "fp32")
+            return zero_stage(ds_config), dtype, int(state.get("dp_world_size", 0))
     return None
 
 
