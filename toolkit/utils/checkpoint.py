@@ -156,9 +156,22 @@ def check_model_state(shapes: Mapping[str, tuple[int, ...]], saved: Mapping[str,
 
 
 def load_info(path: str) -> dict[str, Any]:
-    """Read the metadata YAML of checkpoint ``path`` (``x.pt`` or ``x.yaml``)."""
-    with open(info_path(path), encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+    """Read the metadata YAML of checkpoint ``path`` (``x.pt`` or ``x.yaml``).
+
+    Raises:
+        OSError: the YAML cannot be read.
+        ConfigError: it is not UTF-8 YAML holding a mapping (cut short, overwritten): one line naming it.
+    """
+    yaml_path = info_path(path)
+    try:
+        with open(yaml_path, encoding="utf-8") as f:
+            info = yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{yaml_path} is not a readable checkpoint record: {' '.join(str(e).split())}") from e
+    if info is not None and not isinstance(info, dict):
+        raise ConfigError(f"{yaml_path} is not a readable checkpoint record: it holds a {type(info).__name__}, "
+                          "not a mapping")
+    return info or {}
 
 
 def finite_cv_loss(info: dict[str, Any]) -> float | None:
