@@ -62,6 +62,7 @@ from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import Config, read_config
+from toolkit.utils.checkpoint import load_checkpoint, load_info
 from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.rng import seed_global_rngs
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
@@ -119,7 +120,8 @@ def check_before_ranks(args: argparse.Namespace, config: Config) -> None:
     """What a rank would refuse late (each rank, under torchrun's traceback), refused in one process before any rank
     or file exists; by ``--check_only`` (so run.sh, before launching) and by :func:`main` itself: ``--train_engine``
     with ``--deepspeed_config`` and its JSON, ``train_conf.dtype`` on this machine's device, that the data lists
-    exist and that ``--checkpoint`` (unless ``auto``) is a committed checkpoint (its ``.yaml`` beside it).
+    exist and that ``--checkpoint`` (unless ``auto``) is a committed checkpoint (its ``.yaml`` beside it) whose two
+    files can be read.
 
     Raises:
         ConfigError: naming the option or key.
@@ -141,6 +143,8 @@ def check_before_ranks(args: argparse.Namespace, config: Config) -> None:
         if committed is None or not os.path.isfile(committed):
             raise ConfigError(f"--checkpoint {checkpoint}: no {os.path.basename(str(committed))} beside it, so it is "
                               "not a committed checkpoint (its save never finished); resume from another one")
+        load_checkpoint(checkpoint, mmap=True)  # readable (its weights mapped, not read), and its record
+        load_info(checkpoint)
 
 
 def check_only(args: argparse.Namespace) -> None:

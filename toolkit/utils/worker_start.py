@@ -1,6 +1,7 @@
 """How the toolkit's worker processes start (DataLoader workers, the process pools of ``tools/``): forked while the
 calling process runs no other thread, from a forkserver otherwise; and the script shapes a forkserver cannot serve,
-refused at once with one line saying what to do.
+refused at once with one line saying what to do; and how a worker logs: as the process that started it
+(:class:`LogSetup`, :func:`start_worker_logging`).
 
 Forking is what makes a user's script work in any shape (a file without ``if __name__ == "__main__":``, ``python -``,
 ``python -c``): the child has the parent's memory, so it runs none of the main module again and has every class the
@@ -16,7 +17,9 @@ own) is not seen; the known ones of the toolkit's processes are gloo's, under th
 of OpenBLAS/OpenMP (present once numpy or torch is imported) never enter Python and handle a fork themselves.
 """
 import ast
+import dataclasses
 import functools
+import logging
 import multiprocessing
 import multiprocessing.context
 import os
@@ -59,6 +62,51 @@ def worker_context(sent: object, what: str, serial: str) -> multiprocessing.cont
               "a fork can hang"
         raise WorkerStartError(f"{why}, and {problem}, or {serial}")
     return multiprocessing.get_context("forkserver")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSetup:
+    """This process's logging, as a worker can rebuild it: the root logger's level and, for each root handler
+    writing to stderr, stdout or a file, ``(destination, formatter, level)`` with destination ``"<stderr>"``,
+    ``"<stdout>"`` or the file's absolute path. Handlers of other kinds (a queue, a test's capture) are left out."""
+    level: int
+    handlers: tuple
+
+    @classmethod
+    def of_this_process(cls) -> "LogSetup":
+        root, handlers = logging.getLogger(), []
+        for handler in root.handlers:
+            if isinstance(handler, logging.FileHandler):
+                handlers.append((handler.baseFilename, handler.formatter, handler.level))
+            elif type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.stdout):
+                handlers.append(("<stderr>" if handler.stream is sys.stderr else "<stdout>", handler.formatter,
+                                 handler.level))
+        return cls(root.level, tuple(handlers))
+
+
+def start_worker_logging(setup: LogSetup) -> None:
+    """Worker side (a loader's ``worker_init_fn``, a pool's ``initializer``): log as the process that started the
+    workers (``setup``: :meth:`LogSetup.of_this_process` there), to the same destinations in the same format, so
+    that a line a worker logs (a skipped utterance's key and reason) reaches that process's log once, with its
+    time, rank and level.
+
+    NOTE: a worker started from the forkserver inherits no handler, and Python's last-resort handler printed its
+    warnings bare (no time, rank or level: a ``grep`` of the log for a skip found none of them) and dropped its
+    info lines. A forked worker has the parent's handler objects already (a test's capture included) and keeps
+    them. Files are opened for appending, like the parent's.
+    """
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    for destination, formatter, level in setup.handlers:
+        if destination in ("<stderr>", "<stdout>"):
+            handler = logging.StreamHandler(sys.stderr if destination == "<stderr>" else sys.stdout)
+        else:
+            handler = logging.FileHandler(destination, mode="a", encoding="utf-8")
+        handler.setFormatter(formatter)
+        handler.setLevel(level)
+        root.addHandler(handler)
+    root.setLevel(setup.level)
 
 
 def _forkserver_problem(sent: object) -> str | None:

@@ -163,3 +163,16 @@ def test_a_checkpoint_reached_under_two_names_is_averaged_once(tmp_path, link, c
     assert torch.equal(load_checkpoint(dst)["model"]["w"], torch.full((2,), 2.5))  # epochs 2 and 3, once each
     assert load_info(dst)["averaged"] == [str(tmp_path / "epoch_2.pt"), str(tmp_path / "epoch_3.pt")]
     assert "epoch_3.pt, epoch_best.pt (one file): counted once, as epoch_3.pt" in caplog.text
+
+
+@pytest.mark.parametrize("record, reason", [(b"\xff\xfe\x00garbage", "'utf-8' codec can't decode byte 0xff"),
+                                            (b"epoch: [1, 2\n", "while parsing a flow sequence"),
+                                            (b"- 1\n- 2\n", "it holds a list, not a mapping")])
+def test_a_damaged_checkpoint_record_is_one_line_naming_it(tmp_path, record, reason):
+    write_epochs(tmp_path, [3.0, 2.0])
+    (tmp_path / "epoch_1.yaml").write_bytes(record)
+    with pytest.raises(ConfigError) as refusal:
+        main(["--src_path", str(tmp_path), "--num", "2", "--val_best", "--dst_model", str(tmp_path / "avg.pt")])
+    message = str(refusal.value)
+    assert message.startswith(f"{tmp_path / 'epoch_1.yaml'} is not a readable checkpoint record: ")
+    assert "\n" not in message and reason in message and not (tmp_path / "avg.pt").exists()

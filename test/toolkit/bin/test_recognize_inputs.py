@@ -7,6 +7,7 @@ counted."""
 
 import argparse
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -93,3 +94,25 @@ def test_a_batch_out_of_memory_is_decoded_one_utterance_at_a_time_and_one_too_bi
     assert results.hyps == {mode: ["[5]", "[6]", "[3]", "[2]", "[2]"] for mode in args.modes}
     assert model.batch_sizes == [3, 1, 1, 1, 1, 1, 2] and counted == [3, 1, 2]  # huge: whole, then alone
     assert "skipping utterance huge: out_of_memory (200 fbank frames do not fit on cpu alone)" in caplog.text
+
+
+@pytest.mark.multiprocess  # torchrun with 2 ranks, each with 2 loader workers: ~40 s on 2 busy cores
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_every_unreadable_utterance_is_named_once_in_the_decoding_log(tmp_path, nproc):
+    # The case: a test list whose FIRST line's audio is missing (and two later ones unreadable): the skip count was
+    # right, but the loader workers (from the forkserver in a decoding rank) logged without the log's format.
+    model = write_model(tmp_path)
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt not audio")
+    entries = fsdd_test_entries()[:8]
+    bad = {0: ("missing_audio", str(tmp_path / "gone.wav")), 4: ("unreadable_audio", str(tmp_path / "corrupt.wav")),
+           7: ("missing_audio", str(tmp_path / "gone_too.wav"))}
+    rows = [dict(entry, wav=bad[i][1]) if i in bad else entry for i, entry in enumerate(entries)]
+    proc = run_recognize(nproc, model, write_list(tmp_path / "test.list", rows), tmp_path / "dec",
+                         "--override_config", "dataset_conf.dataloader_conf.num_workers 2",
+                         modes=["ctc_greedy_search"])
+    summary = json.loads((tmp_path / "dec" / "decode_summary.json").read_text())
+    assert summary["skipped"] == {"missing_audio": 2, "unreadable_audio": 1}
+    assert summary["utterances"]["decoded"] == 5
+    named = sorted(re.search(r" rank\d WARNING skipping utterance (\S+): (\w+) ", line).groups()
+                   for line in proc.stderr.splitlines() if "skipping utterance" in line)
+    assert named == sorted((entries[i]["key"], reason) for i, (reason, _) in bad.items()), proc.stderr[-3000:]

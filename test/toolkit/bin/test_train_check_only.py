@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from toolkit.bin.train import main
+from toolkit.utils.checkpoint import save_checkpoint
 from toolkit.utils.config_parsing import ConfigError
 
 from test.helpers import REPO_ROOT
@@ -77,3 +78,11 @@ def test_a_model_dir_holding_a_run_is_checked_as_the_run_would_check_it(tmp_path
         assert capsys.readouterr().out == f"0 {torch.cuda.device_count()} 0\n"
     main(["--check_only", "--model_dir", str(tmp_path / "new")])  # a dir to be made
     assert sorted(os.listdir(tmp_path)) == ["exp"] and os.listdir(exp) == ["train.yaml"]
+
+
+def test_a_checkpoint_with_a_damaged_record_is_refused_before_any_rank(tmp_path):
+    save_checkpoint(str(tmp_path / "epoch_2.pt"), {"model": {}}, {"epoch": 2})
+    (tmp_path / "epoch_2.yaml").write_text("epoch: [2\n")  # overwritten by something else
+    with pytest.raises(SystemExit) as stop:
+        main(["--check_only", "--config", CONF, "--checkpoint", str(tmp_path / "epoch_2.pt")])
+    assert str(stop.value.code).startswith(f"{tmp_path / 'epoch_2.yaml'} is not a readable checkpoint record: ")
