@@ -79,11 +79,14 @@ for rank in "${!hosts[@]}"; do
     echo "$ssh $(printf %q "$host") $(printf %q "$remote")"
     continue
   fi
-  # Its own process group per host, so that stopping a host stops its ssh and the prefixing together.
+  # Its own process group per host, so that stopping a host stops its ssh and the prefixing together; and a
+  # watchdog in it that stops the group once this launcher is gone (a kill -9 runs no trap: the ssh sessions, and
+  # the jobs they hold open on the hosts, would run on with nobody to stop them).
   # NOTE: the prefix is printed by bash, not spliced into a sed expression, which a '/' (ssh://) or '&' would break.
-  setsid bash -c '$0 "$1" "$2" < /dev/null 2>&1 | while IFS= read -r l || [ -n "$l" ]; do printf "[%s] %s\n" "$1" "$l"
-    done; exit "${PIPESTATUS[0]}"' \
-    "$ssh" "$host" "$remote" &
+  setsid bash -c '{ while kill -0 "$3" 2> /dev/null; do sleep 1; done; kill -TERM 0; } & watchdog=$!
+    $0 "$1" "$2" < /dev/null 2>&1 | while IFS= read -r l || [ -n "$l" ]; do printf "[%s] %s\n" "$1" "$l"; done
+    status=${PIPESTATUS[0]}; kill "$watchdog"; exit "$status"' \
+    "$ssh" "$host" "$remote" "$$" &
   host_of[$!]=$host
 done
 [ "$dry_run" = true ] && exit 0

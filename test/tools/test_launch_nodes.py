@@ -85,3 +85,28 @@ def test_a_hostfile_line_that_is_no_ssh_destination_is_refused_in_one_line(tmp_p
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"hosts:{line}: {message}" in proc.stderr
     assert not (tmp_path / "ran").exists() and not (tmp_path / "contacted").exists()
+
+
+def test_a_launcher_killed_with_sigkill_stops_every_host_command(tmp_path):
+    # kill -9 runs no trap: each host's watchdog sees the launcher gone and stops that host's ssh and its command
+    fake_ssh, hostfile = tmp_path / "ssh", tmp_path / "hosts"
+    fake_ssh.write_text('#!/usr/bin/env bash\nexec bash -c "$2"\n')
+    fake_ssh.chmod(0o755)
+    hostfile.write_text("node-a\nnode-b\n")
+    proc = subprocess.Popen([LAUNCH, "--hostfile", str(hostfile), "--ssh", str(fake_ssh), "--",
+                             'echo $$ > pid$NODE_RANK; sleep 60'], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = [tmp_path / f"pid{rank}" for rank in range(2)]
+    deadline = time.monotonic() + 20
+    while not all(p.exists() and p.read_text().strip() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    commands = [int(p.read_text()) for p in pids]
+    proc.kill()
+    proc.wait()
+    killed = time.monotonic()
+    while any(os.path.exists(f"/proc/{pid}") for pid in commands) and time.monotonic() - killed < 5:
+        time.sleep(0.1)
+    running = [pid for pid in commands if os.path.exists(f"/proc/{pid}")]
+    for pid in running:
+        os.kill(pid, 9)
+    assert not running
