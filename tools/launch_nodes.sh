@@ -22,8 +22,8 @@ set -euo pipefail
 
 hostfile=
 port=29400                      # rendezvous port on the first host
-host_node_addr=                 # default: <first host's address>:<port>; set it when the hosts reach node 0 by another name
-resolve="ssh -G"                # prints ssh's settings for a destination, its "hostname" line the address it connects to
+host_node_addr=                 # default: <first host's address>:<port>; set it when nodes reach node 0 otherwise
+resolve="ssh -G"                # prints ssh's settings for a destination; its "hostname" line: where ssh connects
 ssh="ssh -tt -o BatchMode=yes"  # -tt: closing the connection hangs up the remote command too
 dry_run=false
 
