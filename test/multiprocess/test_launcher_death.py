@@ -13,40 +13,11 @@ import pytest
 
 from toolkit.utils.dir_lock import LOCK_FILE, DirLock
 
-from test.helpers import REPO_ROOT
+from test.helpers import REPO_ROOT, alive, descendants
 
 from .workers.recipe_data import ENV, train_args, write_data
 
 GONE_WITHIN_S = 5.0
-
-
-def descendants(pid: int) -> set[int]:
-    """The live processes under ``pid`` (by their parent pids in /proc; torchrun's ranks run in sessions of their
-    own, so a process group would miss them)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):  # ended meanwhile
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie, whose end its dead parent's reaper has not collected yet, counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

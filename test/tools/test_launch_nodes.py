@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from test.helpers import REPO_ROOT
+from test.helpers import REPO_ROOT, alive
 
 LAUNCH = os.path.join(REPO_ROOT, "tools", "launch_nodes.sh")
 
@@ -105,9 +105,9 @@ def test_a_launcher_killed_with_sigkill_stops_every_host_command(tmp_path):
     proc.kill()
     proc.wait()
     killed = time.monotonic()
-    while any(os.path.exists(f"/proc/{pid}") for pid in commands) and time.monotonic() - killed < 5:
+    while any(alive(pid) for pid in commands) and time.monotonic() - killed < 5:
         time.sleep(0.1)
-    running = [pid for pid in commands if os.path.exists(f"/proc/{pid}")]
+    running = [pid for pid in commands if alive(pid)]
     for pid in running:
         os.kill(pid, 9)
     assert not running

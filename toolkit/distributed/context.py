@@ -10,12 +10,9 @@ group on an in-memory store, so the same code path (DDP wrap, collectives) runs 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import datetime
 import logging
 import os
-import signal
-import sys
 import time
 from dataclasses import dataclass
 
@@ -23,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.utils.config_parsing import ConfigError
+from toolkit.utils.worker_start import stop_with_parent
 
 
 @dataclass(frozen=True)
@@ -81,34 +79,19 @@ def _hand_over_gil_at_exit() -> None:
     time.sleep(_GIL_HANDOFF_S)
 
 
-# <linux/prctl.h>: the signal this process gets when the thread that started it ends (its parent's end, here).
-_PR_SET_PDEATHSIG = 1
-
-
 def stop_with_launcher() -> None:
-    """Under torchrun: end this rank (SIGKILL) as soon as its parent, torchrun's agent (``torchrun``,
-    ``toolkit.bin.launch``), ends, however it ends, ``kill -9`` included; Linux only (``prctl(PR_SET_PDEATHSIG)``),
-    elsewhere nothing. A rank orphaned by a killed agent would otherwise train on with nobody to stop it, holding
-    its model dir's lock so that the user's next run is refused; its end drops the lock (the kernel's).
+    """Under torchrun: end this rank as soon as its parent, torchrun's agent (``torchrun``, ``toolkit.bin.launch``),
+    ends, however it ends, ``kill -9`` included (:func:`~toolkit.utils.worker_start.stop_with_parent`). A rank
+    orphaned by a killed agent would otherwise train on with nobody to stop it, holding its model dir's lock so that
+    the user's next run is refused; its end drops the lock (the kernel's). Without torchrun nothing: a plain
+    ``python -m toolkit.bin.train`` outlives the shell that started it (``nohup``).
 
     NOTE: torchrun starts each rank in a session of its own (``start_new_session``), so neither a terminal's hangup
-    nor a signal to the launcher's process group reaches the ranks. A rank's own children need nothing: loader
-    workers poll their parent (torch's ``ManagerWatchdog``), a forkserver ends when its pipe to the rank closes.
-    An agent that died before this call left a rank whose parent is already another process (init, pid 1, or a
-    subreaper): that rank ends here when its parent is pid 1; under a subreaper it fails connecting to the dead
-    agent's rendezvous store instead, before it locks anything.
-
-    Raises:
-        OSError: ``prctl`` refused (it does not for a valid signal).
+    nor a signal to the launcher's process group reaches the ranks. A rank's loader workers poll their parent
+    (torch's ``ManagerWatchdog``) and a forkserver ends when its pipe to the rank closes.
     """
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if parent == 1 or os.getppid() != parent:  # the agent ended before the signal was asked for
-        os.kill(os.getpid(), signal.SIGKILL)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        stop_with_parent()
 
 
 def current_context() -> DistContext | None:

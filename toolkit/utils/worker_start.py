@@ -16,10 +16,12 @@ own) is not seen; the known ones of the toolkit's processes are gloo's, under th
 of OpenBLAS/OpenMP (present once numpy or torch is imported) never enter Python and handle a fork themselves.
 """
 import ast
+import ctypes
 import functools
 import multiprocessing
 import multiprocessing.context
 import os
+import signal
 import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
@@ -59,6 +61,33 @@ def worker_context(sent: object, what: str, serial: str) -> multiprocessing.cont
               "a fork can hang"
         raise WorkerStartError(f"{why}, and {problem}, or {serial}")
     return multiprocessing.get_context("forkserver")
+
+
+# <linux/prctl.h>: the signal a process gets when the thread that started it ends (its parent's end, here).
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent() -> None:
+    """End this process (SIGKILL) as soon as its parent ends, however it ends, ``kill -9`` included: a worker (a
+    pool's, a torchrun rank) whose parent is gone has nobody to report to, and would otherwise run on, orphaned
+    (a ``ProcessPoolExecutor``'s workers wait for work for good). Linux only (``prctl(PR_SET_PDEATHSIG)``, the
+    kernel's), elsewhere nothing. Call it first thing in the worker (a pool's ``initializer``).
+
+    NOTE: a parent that ended before this call left the process with another parent already (init, pid 1, or a
+    subreaper): under pid 1 the process ends here; under a subreaper it is not seen (a rank then fails connecting
+    to its dead agent's rendezvous store, before it locks anything).
+
+    Raises:
+        OSError: ``prctl`` refused (it does not for a valid signal).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if parent == 1 or os.getppid() != parent:  # the parent ended before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _forkserver_problem(sent: object) -> str | None:
