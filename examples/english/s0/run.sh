@@ -243,11 +243,12 @@ if (( stage <= 3 && stop_stage >= 3 )); then
   done
 fi
 
+# The launcher (and so its ranks) ends with this script, even killed with kill -9 (TOOLKIT_STOP_WITH_PARENT)
 if [ "$num_nodes" -gt 1 ]; then  # each job below adds --nproc_per_node (and its own --rdzv_id)
-  launcher=(python -m toolkit.bin.launch --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR"
-            --rdzv_conf="join_timeout=$rdzv_timeout_s")
+  launcher=(env TOOLKIT_STOP_WITH_PARENT=1 python -m toolkit.bin.launch --nnodes="$num_nodes" --rdzv_backend=c10d
+            --rdzv_endpoint="$HOST_NODE_ADDR" --rdzv_conf="join_timeout=$rdzv_timeout_s")
 else
-  launcher=(python -m toolkit.bin.launch --standalone --nnodes=1)
+  launcher=(env TOOLKIT_STOP_WITH_PARENT=1 python -m toolkit.bin.launch --standalone --nnodes=1)
 fi
 job_id() { [ "$num_nodes" -gt 1 ] && echo "--rdzv_id=toolkit-english-$1"; true; }
 # torchrun (toolkit.bin.launch: a refusal of the ranks is one line, not torchrun's traceback), with one line saying
