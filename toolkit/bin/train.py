@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import sys
+import zipfile
 
 import torch
 
@@ -198,7 +199,8 @@ def check_resume_model(config: Config, checkpoint: str) -> None:
     or the one ``--checkpoint auto`` resumes), refused in the one line a rank's resume gives
     (:func:`~toolkit.utils.checkpoint.check_model_state`): the model built once, in this process, and the checkpoint
     memory-mapped, so only its tensors' shapes are read. Not checked while the symbol table or the CMVN stats that
-    the model's size depends on are not there yet (an earlier stage of this run makes them): the ranks check then.
+    the model's size depends on are not there yet (an earlier stage of this run makes them), nor a file that is not
+    in torch.save's zip format (a legacy save, or no checkpoint at all): the ranks check then.
 
     Raises:
         ConfigError: another model (the first key that differs, both shapes), a symbol table that does not fit an
@@ -206,8 +208,8 @@ def check_resume_model(config: Config, checkpoint: str) -> None:
     """
     inputs = [config.tokenizer_conf.get("symbol_table_path"), config.tokenizer_conf.get("bpe_model"),
               config.cmvn_conf.get("cmvn_file") if config.cmvn else None]
-    if not all(os.path.isfile(path) for path in inputs if path):
-        return
+    if not all(os.path.isfile(path) for path in inputs if path) or not zipfile.is_zipfile(checkpoint):
+        return  # NOTE: not torch.save's zip format (the toolkit's, and mmap's): a rank's load says what it is
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
     with torch.device("cpu"):
         model = init_model(dataclasses.replace(config, output_dim=tokenizer.vocab_size()))

@@ -117,3 +117,12 @@ def test_without_its_dictionary_yet_the_model_is_left_to_the_ranks(epoch_0, tmp_
           "--override_config", f"tokenizer_conf.symbol_table_path {tmp_path / 'units.txt'}",
           "--checkpoint", str(exp / "epoch_0.pt")])
     assert capsys.readouterr().out == f"15 {torch.cuda.device_count()} 0\n"
+
+
+def test_a_file_that_is_no_zip_checkpoint_is_left_to_the_ranks(epoch_0, tmp_path, capsys):
+    # torch.save's zip format is what can be memory-mapped; anything else, the ranks load and name what is wrong
+    _, inputs = epoch_0
+    (tmp_path / "step_4.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "step_4.yaml").write_text("step: 4\n")
+    main(["--check_only", "--config", CONF, *inputs, "--checkpoint", str(tmp_path / "step_4.pt")])
+    assert capsys.readouterr().out == f"15 {torch.cuda.device_count()} 0\n"
