@@ -211,8 +211,7 @@ def check_resume_model(config: Config, checkpoint: str) -> None:
     if not all(os.path.isfile(path) for path in inputs if path) or not zipfile.is_zipfile(checkpoint):
         return  # NOTE: not torch.save's zip format (the toolkit's, and mmap's): a rank's load says what it is
     tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
-    with torch.device("cpu"):
-        model = init_model(dataclasses.replace(config, output_dim=tokenizer.vocab_size()))
+    model = init_model(dataclasses.replace(config, output_dim=tokenizer.vocab_size()))
     saved = load_checkpoint(checkpoint, mmap=True)[MODEL_KEY]
     check_model_state({key: tuple(value.shape) for key, value in model.state_dict().items()}, saved, checkpoint)
 

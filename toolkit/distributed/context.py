@@ -87,8 +87,9 @@ def stop_with_launcher() -> None:
     ``python -m toolkit.bin.train`` outlives the shell that started it (``nohup``).
 
     NOTE: torchrun starts each rank in a session of its own (``start_new_session``), so neither a terminal's hangup
-    nor a signal to the launcher's process group reaches the ranks. A rank's loader workers poll their parent
-    (torch's ``ManagerWatchdog``) and a forkserver ends when its pipe to the rank closes.
+    nor a signal to the launcher's process group reaches the ranks. A rank's loader workers end with it
+    (:func:`toolkit.dataset.loader.end_with_the_loader`), and its forkserver once the pipe to the rank closes (a
+    server still importing what it preloads notices when it is done: seconds).
     """
     if "TORCHELASTIC_RUN_ID" in os.environ:
         stop_with_parent()

@@ -1,6 +1,7 @@
 """How the toolkit's worker processes start (DataLoader workers, the process pools of ``tools/``): forked while the
 calling process runs no other thread, from a forkserver otherwise; and the script shapes a forkserver cannot serve,
-refused at once with one line saying what to do.
+refused at once with one line saying what to do. A pool's workers and torchrun's ranks end with the process that
+started them, killed or not (:func:`stop_with_parent`).
 
 Forking is what makes a user's script work in any shape (a file without ``if __name__ == "__main__":``, ``python -``,
 ``python -c``): the child has the parent's memory, so it runs none of the main module again and has every class the
