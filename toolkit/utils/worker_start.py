@@ -74,9 +74,12 @@ def stop_with_parent() -> None:
     (a ``ProcessPoolExecutor``'s workers wait for work for good). Linux only (``prctl(PR_SET_PDEATHSIG)``, the
     kernel's), elsewhere nothing. Call it first thing in the worker (a pool's ``initializer``).
 
-    NOTE: a parent that ended before this call left the process with another parent already (init, pid 1, or a
-    subreaper): under pid 1 the process ends here; under a subreaper it is not seen (a rank then fails connecting
-    to its dead agent's rendezvous store, before it locks anything).
+    NOTE: the kernel signals when the *thread* that started the process ends, so the starter must start it from a
+    thread that lives as long as the process should: torchrun's agent starts its ranks from its main thread, and
+    the toolkit's pools start their workers from the thread that waits for their results. A parent that ended
+    before this call left the process with another parent already (init, pid 1, or a subreaper): under pid 1 the
+    process ends here; under a subreaper it is not seen (a rank then fails connecting to its dead agent's
+    rendezvous store, before it locks anything).
 
     Raises:
         OSError: ``prctl`` refused (it does not for a valid signal).
