@@ -78,7 +78,7 @@ def stop_with_parent() -> None:
     thread that lives as long as the process should: torchrun's agent starts its ranks from its main thread, and
     the toolkit's pools start their workers from the thread that waits for their results. A parent that ended
     before this call left the process with another parent already (init, pid 1, or a subreaper): under pid 1 the
-    process ends here; under a subreaper it is not seen (the parent must have died in the moment between
+    process ends here; under a subreaper it is not seen (the parent must have died in the seconds between
     starting the process and this call).
 
     Raises:
