@@ -1,7 +1,8 @@
 """How the toolkit's worker processes start (DataLoader workers, the process pools of ``tools/``): forked while the
 calling process runs no other thread, from a forkserver otherwise; and the script shapes a forkserver cannot serve,
-refused at once with one line saying what to do; and how a worker logs: as the process that started it
-(:class:`LogSetup`, :func:`start_worker_logging`).
+refused at once with one line saying what to do; how a worker logs: as the process that started it
+(:class:`LogSetup`, :func:`start_worker_logging`); and a pool's workers and torchrun's ranks end with the process
+that started them, killed or not (:func:`stop_with_parent`).
 
 Forking is what makes a user's script work in any shape (a file without ``if __name__ == "__main__":``, ``python -``,
 ``python -c``): the child has the parent's memory, so it runs none of the main module again and has every class the
@@ -17,12 +18,14 @@ own) is not seen; the known ones of the toolkit's processes are gloo's, under th
 of OpenBLAS/OpenMP (present once numpy or torch is imported) never enter Python and handle a fork themselves.
 """
 import ast
+import ctypes
 import dataclasses
 import functools
 import logging
 import multiprocessing
 import multiprocessing.context
 import os
+import signal
 import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
@@ -107,6 +110,43 @@ def start_worker_logging(setup: LogSetup) -> None:
         handler.setLevel(level)
         root.addHandler(handler)
     root.setLevel(setup.level)
+
+
+# <linux/prctl.h>: the signal a process gets when the thread that started it ends (its parent's end, here).
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent() -> None:
+    """End this process (SIGKILL) as soon as its parent ends, however it ends, ``kill -9`` included: a worker (a
+    pool's, a torchrun rank) whose parent is gone has nobody to report to, and would otherwise run on, orphaned
+    (a ``ProcessPoolExecutor``'s workers wait for work for good). Linux only (``prctl(PR_SET_PDEATHSIG)``, the
+    kernel's), elsewhere nothing. Call it first thing in the worker (a pool's ``initializer``).
+
+    NOTE: the kernel signals when the *thread* that started the process ends, so the starter must start it from a
+    thread that lives as long as the process should: torchrun's agent starts its ranks from its main thread, and
+    the toolkit's pools start their workers from the thread that waits for their results. A parent that ended
+    before this call left the process with another parent already (init, pid 1, or a subreaper): under pid 1 the
+    process ends here; under a subreaper it is not seen (the parent must have died in the seconds between
+    starting the process and this call).
+
+    Raises:
+        OSError: ``prctl`` refused (it does not for a valid signal).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if parent == 1 or os.getppid() != parent:  # the parent ended before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def start_pool_worker(setup: LogSetup) -> None:
+    """A tool's pool worker (a ``ProcessPoolExecutor``'s ``initializer``): it ends with its parent
+    (:func:`stop_with_parent`) and logs as the process that started it (:func:`start_worker_logging`)."""
+    stop_with_parent()
+    start_worker_logging(setup)
 
 
 def _forkserver_problem(sent: object) -> str | None:
