@@ -42,10 +42,30 @@ class TransformerEncoderLayer(nn.Module):
         Returns:
             float32 (B, T, D).
         """
+        return self.forward_chunk(x, mask, pos_emb, mask_pad, x.new_zeros(0, 0, 0, 0), x.new_zeros(0, 0, 0))[0]
+
+    def forward_chunk(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, mask_pad: torch.Tensor,
+                      att_cache: torch.Tensor, cnn_cache: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`forward` on a chunk of C frames after the S frames whose keys and values ``att_cache`` holds.
+
+        Args:
+            x: float32 (B, C, D).
+            mask: bool (B, 1 or C, S + C), True where a key takes part, or (0, 0, 0): every key.
+            pos_emb: float32 positional embedding for C queries and S + C keys.
+            mask_pad: unused (shared layer signature).
+            att_cache: float32 (B, H, S, 2 D / H) (see
+                :meth:`~toolkit.models.transformer.attention.MultiHeadedAttention.forward_chunk`).
+            cnn_cache: unused (shared layer signature; no convolution here).
+
+        Returns:
+            float32 (B, C, D), the new attention cache (B, H, S + C, 2 D / H), and an empty convolution cache.
+        """
         residual = x
         if self.normalize_before:
             x = self.norm1(x)
-        x = residual + self.dropout(self.self_attn(x, x, x, mask, pos_emb))
+        attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
+        x = residual + self.dropout(attended)
         if not self.normalize_before:
             x = self.norm1(x)
         residual = x
@@ -54,7 +74,7 @@ class TransformerEncoderLayer(nn.Module):
         x = residual + self.dropout(self.feed_forward(x))
         if not self.normalize_before:
             x = self.norm2(x)
-        return x
+        return x, new_att_cache, cnn_cache
 
 
 class ConformerEncoderLayer(nn.Module):
@@ -103,6 +123,28 @@ class ConformerEncoderLayer(nn.Module):
         Returns:
             float32 (B, T, D).
         """
+        return self.forward_chunk(x, mask, pos_emb, mask_pad, x.new_zeros(0, 0, 0, 0), x.new_zeros(0, 0, 0))[0]
+
+    def forward_chunk(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, mask_pad: torch.Tensor,
+                      att_cache: torch.Tensor, cnn_cache: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`forward` on a chunk of C frames after the S frames whose attention keys and values
+        ``att_cache`` holds and whose convolution input ``cnn_cache`` holds.
+
+        Args:
+            x: float32 (B, C, D).
+            mask: bool (B, 1 or C, S + C), True where a key takes part, or (0, 0, 0): every key.
+            pos_emb: float32 (1, S + 2C - 1, D) relative or (1, C, D) absolute positional embedding.
+            mask_pad: bool (B, 1, C), True at valid frames (for the convolution module).
+            att_cache: float32 (B, H, S, 2 D / H) (see
+                :meth:`~toolkit.models.transformer.attention.MultiHeadedAttention.forward_chunk`).
+            cnn_cache: float32 (B, D, kernel_size - 1) or (0, 0, 0) (see
+                :meth:`~toolkit.models.transformer.convolution.ConvolutionModule.forward_chunk`).
+
+        Returns:
+            float32 (B, C, D), the new attention cache (B, H, S + C, 2 D / H) and the new convolution cache
+            (B, D, kernel_size - 1) for a causal convolution module, (0, 0, 0) otherwise.
+        """
         if self.feed_forward_macaron is not None and self.norm_ff_macaron is not None:
             residual = x
             if self.normalize_before:
@@ -114,15 +156,18 @@ class ConformerEncoderLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.norm_mha(x)
-        x = residual + self.dropout(self.self_attn(x, x, x, mask, pos_emb))
+        attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
+        x = residual + self.dropout(attended)
         if not self.normalize_before:
             x = self.norm_mha(x)
 
+        new_cnn_cache = cnn_cache
         if self.conv_module is not None and self.norm_conv is not None:
             residual = x
             if self.normalize_before:
                 x = self.norm_conv(x)
-            x = residual + self.dropout(self.conv_module(x, mask_pad))
+            convolved, new_cnn_cache = self.conv_module.forward_chunk(x, mask_pad, cnn_cache)
+            x = residual + self.dropout(convolved)
             if not self.normalize_before:
                 x = self.norm_conv(x)
 
@@ -132,4 +177,4 @@ class ConformerEncoderLayer(nn.Module):
         x = residual + self.ff_scale * self.dropout(self.feed_forward(x))
         if not self.normalize_before:
             x = self.norm_ff(x)
-        return self.norm_final(x)
+        return self.norm_final(x), new_att_cache, new_cnn_cache
