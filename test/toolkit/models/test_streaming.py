@@ -8,6 +8,7 @@ import torch
 from toolkit.bin.recognize import get_args
 from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
+from toolkit.models.transformer.convolution import ConvolutionModule
 from toolkit.models.transformer.ctc import CTC
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
 from toolkit.models.transformer.search import ctc_greedy_search
@@ -21,18 +22,19 @@ CHUNK_BY_CHUNK_TOLERANCE = 1e-4  # float32, max abs (issue 46); measured: under 
 
 
 def _conformer(**conf) -> ConformerEncoder:
-    return ConformerEncoder(80, cnn_module_kernel=7, causal=True, use_dynamic_chunk=True, **SMALL, **conf)
+    return ConformerEncoder(80, **{"cnn_module_kernel": 7, **conf}, causal=True, use_dynamic_chunk=True, **SMALL)
 
 
 def _encoder(kind: str):
     """A seeded random streaming encoder in eval mode: a conformer (rel_pos, macaron, causal convolution with
     BatchNorm given running statistics by a training-mode pass on other speech), the same with LayerNorm and
-    intermediate CTC with self-conditioning, or a Transformer (abs_pos)."""
+    intermediate CTC with self-conditioning and an even kernel (WeNet's U2++ recipes' 8), or a Transformer
+    (abs_pos)."""
     torch.manual_seed(0)
     if kind == "conformer":
         encoder = _conformer()
     elif kind == "self_conditioned":
-        encoder = _conformer(cnn_module_norm="layer_norm", interctc_layer_idx=[1, 2])
+        encoder = _conformer(cnn_module_norm="layer_norm", interctc_layer_idx=[1, 2], cnn_module_kernel=8)
         encoder.set_self_conditioning(CTC(30, 32))
     else:
         encoder = TransformerEncoder(80, use_dynamic_chunk=True, **SMALL)
@@ -100,6 +102,27 @@ def test_forward_chunk_carries_caches_of_the_documented_shapes(tiny_lj):
         streamed, _ = encoder.forward_chunk_by_chunk(feats[:, :5 * chunk * rate + window], chunk, 2)
     assert torch.equal(torch.cat(outputs, dim=1), streamed[:, :5 * chunk])
     assert float((out - streamed[:, 5 * chunk:]).abs().max()) <= CHUNK_BY_CHUNK_TOLERANCE
+
+
+@pytest.mark.parametrize("kernel", [7, 8])
+def test_causal_convolution_sees_no_future_frame_and_its_cache_continues_it(tiny_lj, kernel):
+    torch.manual_seed(0)
+    encoder = _encoder("conformer")
+    feats, _ = tiny_lj.batch(KEYS[:1])
+    with torch.no_grad():
+        x, _, _ = encoder.embed(feats, torch.ones(1, 1, feats.size(1), dtype=torch.bool))  # (1, 201, 32)
+        conv = ConvolutionModule(32, kernel, torch.nn.SiLU(), "layer_norm", causal=True).eval()
+        valid = torch.ones(1, 1, x.size(1), dtype=torch.bool)
+        out = conv(x, valid)
+        changed = x.clone()
+        changed[:, 100:] += 1.0
+        out_changed = conv(changed, valid)
+        assert torch.equal(out[:, :100], out_changed[:, :100])
+        assert float((out[:, 100] - out_changed[:, 100]).abs().max()) > 1e-3
+        first, cache = conv.forward_chunk(x[:, :90], valid[:, :, :90], torch.zeros(0, 0, 0))
+        second, _ = conv.forward_chunk(x[:, 90:], valid[:, :, 90:], cache)
+        assert cache.shape == (1, 32, kernel - 1)
+    assert float((torch.cat([first, second], dim=1) - out).abs().max()) <= CHUNK_BY_CHUNK_TOLERANCE
 
 
 def test_subsequent_chunk_mask_is_the_chunk_rule():

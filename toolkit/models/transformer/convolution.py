@@ -20,21 +20,22 @@ class ConvolutionModule(nn.Module):
 
     Args:
         channels: model size D.
-        kernel_size: depthwise kernel width (odd, so 'same' padding is symmetric).
+        kernel_size: depthwise kernel width (odd, so 'same' padding is symmetric; any when causal: WeNet's U2++
+            recipes use 8).
         causal: left-only padding (see above).
         activation: activation after the norm (Swish/SiLU in the paper).
         norm: ``"batch_norm"`` (the paper) or ``"layer_norm"`` (independent of batch content).
         bias: use biases in the convolutions.
 
     Raises:
-        ValueError: even ``kernel_size`` or unknown ``norm``.
+        ValueError: even ``kernel_size`` when not causal, or unknown ``norm``.
     """
 
     def __init__(self, channels: int, kernel_size: int, activation: nn.Module,
                  norm: str = "batch_norm", bias: bool = True, causal: bool = False):
         super().__init__()
-        if kernel_size % 2 == 0:
-            raise ValueError(f"cnn_module_kernel must be odd, got {kernel_size}")
+        if kernel_size % 2 == 0 and not causal:
+            raise ValueError(f"cnn_module_kernel must be odd (or causal: true, left-only padding), got {kernel_size}")
         if norm not in ("batch_norm", "layer_norm"):
             raise ValueError(f"cnn_module_norm must be batch_norm or layer_norm, got {norm!r}")
         # NOTE: the module works on (B, T, D) throughout: the pointwise convolutions are linear layers (the same
