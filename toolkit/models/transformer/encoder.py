@@ -306,9 +306,9 @@ class BaseEncoder(nn.Module):
             # NOTE: TorchScript compiles only the else branch (is_scripting() is a constant there).
             if not torch.jit.is_scripting() and self.activation_checkpointing and self.training \
                     and torch.is_grad_enabled():
-                xs = checkpointed(layer, xs, att_masks, pos_emb, masks)
+                xs = checkpointed(layer, xs, att_masks, pos_emb, masks)[0]
             else:
-                xs = layer(xs, att_masks, pos_emb, masks)
+                xs = layer(xs, att_masks, pos_emb, masks)[0]
             if self.time_recovery is not None and i + 1 == self.time_recover_idx:
                 xs, masks, pos_emb = self.time_recovery(xs, skip), skip_masks, skip_pos_emb
                 att_masks = masks
@@ -413,10 +413,12 @@ class BaseEncoder(nn.Module):
         for i, layer in enumerate(self.encoders):
             layer_att_cache = att_cache[i:i + 1] if cached > 0 else att_cache
             layer_cnn_cache = cnn_cache[i] if cnn_cache.size(0) > 0 else cnn_cache.new_zeros(0, 0, 0)
-            xs, layer_att_cache, layer_cnn_cache = layer.forward_chunk(xs, att_mask, pos_emb, mask_pad,
-                                                                       layer_att_cache, layer_cnn_cache)
-            new_att_caches.append(layer_att_cache[:, :, next_cache_start:])
-            new_cnn_caches.append(layer_cnn_cache)
+            xs, new_att_cache, new_cnn_cache = layer(xs, att_mask, pos_emb, mask_pad, layer_att_cache,
+                                                     layer_cnn_cache)
+            if new_att_cache is None or new_cnn_cache is None:
+                raise RuntimeError("an encoder layer returned no cache for a chunk")  # for TorchScript's types
+            new_att_caches.append(new_att_cache[:, :, next_cache_start:])
+            new_cnn_caches.append(new_cnn_cache)
             xs = self._condition(xs, i, None)
         return self._final_norm(xs), torch.cat(new_att_caches, dim=0), torch.stack(new_cnn_caches)
 

@@ -31,40 +31,30 @@ class TransformerEncoderLayer(nn.Module):
         self.dropout = Dropout(dropout_rate)
         self.normalize_before = normalize_before
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
-                mask_pad: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, mask_pad: torch.Tensor,
+                att_cache: Optional[torch.Tensor] = None, cnn_cache: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Args:
-            x: float32 (B, T, D).
-            mask: bool (B, 1, T) or (B, T, T), True where a key takes part.
+            x: float32 (B, T, D); in streaming, a chunk of T = C frames after the S frames ``att_cache`` holds.
+            mask: bool (B, 1 or T, S + T), True where a key takes part; in streaming (0, 0, 0) is every key.
             pos_emb: float32 positional embedding for the attention (ignored by the absolute one).
             mask_pad: bool (B, 1, T), True at valid frames (unused; shared layer signature).
-
-        Returns:
-            float32 (B, T, D).
-        """
-        return self.forward_chunk(x, mask, pos_emb, mask_pad, x.new_zeros(0, 0, 0, 0), x.new_zeros(0, 0, 0))[0]
-
-    def forward_chunk(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, mask_pad: torch.Tensor,
-                      att_cache: torch.Tensor, cnn_cache: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`forward` on a chunk of C frames after the S frames whose keys and values ``att_cache`` holds.
-
-        Args:
-            x: float32 (B, C, D).
-            mask: bool (B, 1 or C, S + C), True where a key takes part, or (0, 0, 0): every key.
-            pos_emb: float32 positional embedding for C queries and S + C keys.
-            mask_pad: unused (shared layer signature).
-            att_cache: float32 (B, H, S, 2 D / H) (see
+            att_cache: None for a whole utterance; in streaming float32 (B, H, S, 2 D / H) (see
                 :meth:`~toolkit.models.transformer.attention.MultiHeadedAttention.forward_chunk`).
-            cnn_cache: unused (shared layer signature; no convolution here).
+            cnn_cache: unused, returned as is (shared layer signature; no convolution here).
 
         Returns:
-            float32 (B, C, D), the new attention cache (B, H, S + C, 2 D / H), and an empty convolution cache.
+            float32 (B, T, D); the new attention cache (B, H, S + T, 2 D / H) in streaming (None without
+            ``att_cache``); ``cnn_cache``.
         """
         residual = x
         if self.normalize_before:
             x = self.norm1(x)
-        attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
+        new_att_cache: Optional[torch.Tensor] = None
+        if att_cache is None:
+            attended = self.self_attn(x, x, x, mask, pos_emb)
+        else:
+            attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
         x = residual + self.dropout(attended)
         if not self.normalize_before:
             x = self.norm1(x)
@@ -112,39 +102,26 @@ class ConformerEncoderLayer(nn.Module):
         self.dropout = Dropout(dropout_rate)
         self.normalize_before = normalize_before
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
-                mask_pad: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, mask_pad: torch.Tensor,
+                att_cache: Optional[torch.Tensor] = None, cnn_cache: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Args:
-            x: float32 (B, T, D).
-            mask: bool (B, 1, T) or (B, T, T), True where a key takes part.
-            pos_emb: float32 (1, 2T-1, D) relative or (1, T, D) absolute positional embedding.
+            x: float32 (B, T, D); in streaming, a chunk of T = C frames after the S frames ``att_cache`` holds.
+            mask: bool (B, 1 or T, S + T), True where a key takes part; in streaming (0, 0, 0) is every key.
+            pos_emb: float32 (1, S + 2T - 1, D) relative or (1, T, D) absolute positional embedding.
             mask_pad: bool (B, 1, T), True at valid frames (for the convolution module).
-
-        Returns:
-            float32 (B, T, D).
-        """
-        return self.forward_chunk(x, mask, pos_emb, mask_pad, x.new_zeros(0, 0, 0, 0), x.new_zeros(0, 0, 0))[0]
-
-    def forward_chunk(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, mask_pad: torch.Tensor,
-                      att_cache: torch.Tensor, cnn_cache: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`forward` on a chunk of C frames after the S frames whose attention keys and values
-        ``att_cache`` holds and whose convolution input ``cnn_cache`` holds.
-
-        Args:
-            x: float32 (B, C, D).
-            mask: bool (B, 1 or C, S + C), True where a key takes part, or (0, 0, 0): every key.
-            pos_emb: float32 (1, S + 2C - 1, D) relative or (1, C, D) absolute positional embedding.
-            mask_pad: bool (B, 1, C), True at valid frames (for the convolution module).
-            att_cache: float32 (B, H, S, 2 D / H) (see
+            att_cache: None for a whole utterance; in streaming float32 (B, H, S, 2 D / H) (see
                 :meth:`~toolkit.models.transformer.attention.MultiHeadedAttention.forward_chunk`).
-            cnn_cache: float32 (B, D, kernel_size - 1) or (0, 0, 0) (see
+            cnn_cache: None for a whole utterance; in streaming float32 (B, D, kernel_size - 1) or (0, 0, 0) (see
                 :meth:`~toolkit.models.transformer.convolution.ConvolutionModule.forward_chunk`).
 
         Returns:
-            float32 (B, C, D), the new attention cache (B, H, S + C, 2 D / H) and the new convolution cache
-            (B, D, kernel_size - 1) for a causal convolution module, (0, 0, 0) otherwise.
+            float32 (B, T, D); in streaming the new attention cache (B, H, S + T, 2 D / H) and the new convolution
+            cache ((B, D, kernel_size - 1) for a causal convolution module, else ``cnn_cache``); None and
+            ``cnn_cache`` for a whole utterance.
         """
+        # NOTE: the whole-utterance path calls the modules as before streaming existed: with the chunk path in a
+        # method of its own, the compiled layer (train_conf.compile) drew other dropout masks than eager.
         if self.feed_forward_macaron is not None and self.norm_ff_macaron is not None:
             residual = x
             if self.normalize_before:
@@ -156,7 +133,11 @@ class ConformerEncoderLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.norm_mha(x)
-        attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
+        new_att_cache: Optional[torch.Tensor] = None
+        if att_cache is None:
+            attended = self.self_attn(x, x, x, mask, pos_emb)
+        else:
+            attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
         x = residual + self.dropout(attended)
         if not self.normalize_before:
             x = self.norm_mha(x)
@@ -166,7 +147,10 @@ class ConformerEncoderLayer(nn.Module):
             residual = x
             if self.normalize_before:
                 x = self.norm_conv(x)
-            convolved, new_cnn_cache = self.conv_module.forward_chunk(x, mask_pad, cnn_cache)
+            if cnn_cache is None:
+                convolved = self.conv_module(x, mask_pad)
+            else:
+                convolved, new_cnn_cache = self.conv_module.forward_chunk(x, mask_pad, cnn_cache)
             x = residual + self.dropout(convolved)
             if not self.normalize_before:
                 x = self.norm_conv(x)
