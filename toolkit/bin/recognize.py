@@ -284,6 +284,11 @@ def main(argv=None) -> None:
                       f"--checkpoint {args.checkpoint} (--config {args.config})")
     model.load_state_dict(saved)
     model.to(ctx.device).eval()
+    try:  # the encoder's own check (a time-reduced encoder has no chunks), before any data is read
+        model.encoder.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool), args.decoding_chunk_size,
+                                     args.num_decoding_left_chunks)
+    except ValueError as e:
+        raise ConfigError(f"--decoding_chunk_size {args.decoding_chunk_size}: {e}") from e
     untrained = model.encoder.untrained_chunk_note(args.decoding_chunk_size)
     if untrained:
         logging.warning("--decoding_chunk_size %d: %s", args.decoding_chunk_size, untrained)

@@ -229,6 +229,13 @@ def test_decoding_options_are_checked_in_one_line(tiny_lj):
     for chunk, left in ((-2, -1), (4, -2)):
         with pytest.raises(ValueError, match=r"decoding_chunk_size .* num_decoding_left_chunks"):
             full_context(feats, lengths, chunk, left)
+    squeezed = ConformerEncoder(80, cnn_module_kernel=7, time_reduce_idx=1, time_recover_idx=2, **SMALL).eval()
+    with pytest.raises(ValueError, match="decoding_chunk_size 4 with time_reduce_idx 1"):
+        squeezed(feats, lengths, 4)
+    with pytest.raises(ValueError, match="decoding_chunk_size 4 with time_reduce_idx 1"):
+        squeezed.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool), 4, -1)  # recognize.py's check
+    with pytest.raises(ValueError, match="time_reduce_idx 1: Squeezeformer's time reduction does not run chunk"):
+        squeezed.forward_chunk_by_chunk(feats, 4)
     with pytest.raises(ValueError, match="needs encoder_conf.causal: true"):
         full_context.forward_chunk_by_chunk(feats, 4)
     with pytest.raises(ValueError, match="decoding_chunk_size 0 .* chunk > 0"):

@@ -111,7 +111,8 @@ class BaseEncoder(nn.Module):
     """Optional global CMVN, Conv2dSubsampling, a stack of encoder layers, final LayerNorm.
 
     Subclasses fill ``self.encoders`` (an nn.ModuleList of layers with the signature
-    ``layer(x, mask, pos_emb, mask_pad)``).
+    ``layer(x, mask, pos_emb, mask_pad, att_cache=None, cnn_cache=None) -> (x, new_att_cache, new_cnn_cache)``, the
+    caches for :meth:`forward_chunk`).
 
     Args:
         input_size: feature size D of the fbank input.
@@ -351,6 +352,9 @@ class BaseEncoder(nn.Module):
         max_len = masks.size(2)
         chunk, left = max_len, -1
         if decoding_chunk_size > 0:
+            if self.time_reduction is not None:
+                raise ValueError(f"decoding_chunk_size {decoding_chunk_size} with time_reduce_idx "
+                                 f"{self.time_reduce_idx}: Squeezeformer's time reduction does not run chunk-wise")
             chunk, left = decoding_chunk_size, num_decoding_left_chunks
         elif decoding_chunk_size == 0 and self.use_dynamic_chunk and self.training:
             chunk, left = draw_dynamic_chunk(max_len, self.use_dynamic_left_chunk, self.max_dynamic_chunk)
@@ -358,9 +362,6 @@ class BaseEncoder(nn.Module):
             chunk, left = self.static_chunk_size, num_decoding_left_chunks
         if chunk >= max_len and left < 0:
             return masks
-        if self.time_reduction is not None:
-            raise ValueError(f"decoding_chunk_size {decoding_chunk_size} with time_reduce_idx "
-                             f"{self.time_reduce_idx}: Squeezeformer's time reduction does not run chunk-wise")
         return masks & subsequent_chunk_mask(max_len, chunk, left, masks.device).unsqueeze(0)
 
     @torch.jit.export
