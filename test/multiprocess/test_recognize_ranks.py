@@ -179,3 +179,21 @@ def test_a_refusal_on_every_rank_is_one_line_through_the_launcher(model, thirtee
                "(104 keys differ); use the config it was trained with (the train.yaml beside it)")
     assert errors in ([f"error: rank 0: {message}"], [f"error: rank 1: {message}"]), proc.stderr[-4000:]  # the first
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_full_context_model_decodes_at_a_chunk_size_with_one_warning(model, thirteen, tmp_path):
+    # issue 46: --decoding_chunk_size reaches the encoder's mask; train_tiny's model has no streaming key
+    _, test_list, _, one = thirteen
+    proc = run_recognize(1, model, test_list, tmp_path / "chunk", "--decoding_chunk_size", "2",
+                         "--num_decoding_left_chunks", "0")
+    warnings = [line for line in proc.stderr.splitlines() if "not trained for" in line]
+    assert len(warnings) == 1 and "--decoding_chunk_size 2: the model was trained with full context" in warnings[0]
+    chunked = read_outputs(tmp_path / "chunk")
+    assert chunked["summary"]["search"]["decoding_chunk_size"] == 2
+    assert chunked["summary"]["search"]["num_decoding_left_chunks"] == 0
+    assert one["summary"]["search"]["decoding_chunk_size"] == -1  # the default: full context, no warning
+    for mode in MODES:
+        assert list(hyp_lines(chunked, mode)) == list(hyp_lines(one, mode)), mode
+    # chunks of 80 ms that see no other chunk change what CTC reads (the random model's decoder says the same
+    # "FTTT..." whatever it attends to, so only the CTC modes can show it)
+    assert hyp_lines(chunked, "ctc_greedy_search") != hyp_lines(one, "ctc_greedy_search")

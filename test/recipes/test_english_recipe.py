@@ -60,7 +60,8 @@ def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
     defaults = {name: float(re.search(rf"^{name}=(\S+)", run_sh, re.M).group(1))
                 for name in ("beam_size", "length_penalty")}
     # run.sh's search settings reach recognize; the right-to-left weight is the model's (train_tiny: no such decoder)
-    assert decoding["search"] == {"ctc_weight": 0.5, "reverse_weight": 0.0, **defaults}
+    assert decoding["search"] == {"ctc_weight": 0.5, "reverse_weight": 0.0, "decoding_chunk_size": -1,
+                                  "num_decoding_left_chunks": -1, **defaults}
     assert decoding["lm"]["path"].endswith("lm/lm_3gram.arpa") and (tmp_path / "data/lm/lm_3gram.arpa").is_file()
     spelling = tmp_path / "data/lm/spelling_6gram_30000common.arpa"  # the recipe's default, built in stage 2
     assert decoding["lm"]["spelling_lm"] == str(spelling) and spelling.is_file()

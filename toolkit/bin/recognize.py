@@ -101,6 +101,11 @@ def get_args(argv=None) -> argparse.Namespace:
                         help="with --lm (ARPA): letter n-gram LM of words (tools/train_ngram_lm.py --spelling) that "
                              "scores the spelling of each word outside the LM's vocabulary, on top of its <unk> "
                              "probability and --oov_penalty; default: none")
+    parser.add_argument("--decoding_chunk_size", type=int, default=-1,
+                        help="encoder self-attention in chunks of N > 0 encoder frames (40 ms each after conv2d), as "
+                             "a stream would see them (masked over the whole utterance); -1: full context")
+    parser.add_argument("--num_decoding_left_chunks", type=int, default=-1,
+                        help="with --decoding_chunk_size N > 0: chunks to the left each chunk sees, >= 0; -1: all")
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
     args = parser.parse_args(argv)
@@ -108,6 +113,11 @@ def get_args(argv=None) -> argparse.Namespace:
     error = decoding_modes_error(args.modes)
     if error:
         raise ConfigError(f"--modes: {error}")
+    if args.decoding_chunk_size == 0 or args.decoding_chunk_size < -1:
+        raise ConfigError(f"--decoding_chunk_size {args.decoding_chunk_size}: must be > 0 (encoder frames per chunk) "
+                          "or -1 (full context)")
+    if args.num_decoding_left_chunks < -1:
+        raise ConfigError(f"--num_decoding_left_chunks {args.num_decoding_left_chunks}: must be >= 0 or -1 (all)")
     return args
 
 
@@ -125,7 +135,8 @@ def _decode_fitting(model, batch: dict, lm: WordNgramLM | None, args, device: to
     def decode(feats: torch.Tensor, lengths: torch.Tensor) -> dict:
         return model.decode(args.modes, feats.to(device), lengths.to(device), beam_size=args.beam_size,
                             ctc_weight=args.ctc_weight, length_penalty=args.length_penalty, lm=lm,
-                            reverse_weight=args.reverse_weight)
+                            reverse_weight=args.reverse_weight, decoding_chunk_size=args.decoding_chunk_size,
+                            num_decoding_left_chunks=args.num_decoding_left_chunks)
 
     try:
         yield batch["keys"], decode(batch["feats"], batch["feats_lengths"])
@@ -210,7 +221,8 @@ def summarize(args, job: JobResults, listed: list, references: dict, scores: dic
     return {
         "test_data": args.test_data, "checkpoint": args.checkpoint, "modes": args.modes,
         "search": {"beam_size": args.beam_size, "ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty,
-                   "reverse_weight": args.reverse_weight},
+                   "reverse_weight": args.reverse_weight, "decoding_chunk_size": args.decoding_chunk_size,
+                   "num_decoding_left_chunks": args.num_decoding_left_chunks},
         "lm": {"path": args.lm, "lm_weight": args.lm_weight, "word_bonus": args.word_bonus,
                "oov_penalty": args.oov_penalty, "spelling_lm": args.spelling_lm or None} if args.lm else None,
         "world_size": len(job.decoded_per_rank),
@@ -272,6 +284,14 @@ def main(argv=None) -> None:
                       f"--checkpoint {args.checkpoint} (--config {args.config})")
     model.load_state_dict(saved)
     model.to(ctx.device).eval()
+    try:  # the encoder's own check (a time-reduced encoder has no chunks), before any data is read
+        model.encoder.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool), args.decoding_chunk_size,
+                                     args.num_decoding_left_chunks)
+    except ValueError as e:
+        raise ConfigError(f"--decoding_chunk_size {args.decoding_chunk_size}: {e}") from e
+    untrained = model.encoder.untrained_chunk_note(args.decoding_chunk_size)
+    if untrained:
+        logging.warning("--decoding_chunk_size %d: %s", args.decoding_chunk_size, untrained)
     try:  # checked once here, so that a bad weight stops the job before it decodes anything
         args.reverse_weight = model.rescoring_reverse_weight(args.reverse_weight)
     except ValueError as e:

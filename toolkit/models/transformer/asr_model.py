@@ -252,7 +252,8 @@ class ASRModel(nn.Module):
 
     def decode(self, methods: list[str], feats: torch.Tensor, feats_lengths: torch.Tensor,
                beam_size: int = 10, ctc_weight: float = 0.5, length_penalty: float = 0.0,
-               lm: PrefixLM | None = None, reverse_weight: float | None = None) -> dict[str, list[list[int]]]:
+               lm: PrefixLM | None = None, reverse_weight: float | None = None, decoding_chunk_size: int = 0,
+               num_decoding_left_chunks: int = -1) -> dict[str, list[list[int]]]:
         """Recognise a batch with one or more decoding methods, running the encoder once.
 
         Call ``model.eval()`` first: dropout and BatchNorm follow the module's mode.
@@ -269,6 +270,10 @@ class ASRModel(nn.Module):
                 rescoring too (:func:`ctc_prefix_beam_search`); None: no LM.
             reverse_weight: weight of the right-to-left decoder's score in attention rescoring, in [0, 1] (the
                 left-to-right one's is 1 - reverse_weight); None: the model's ``reverse_weight``.
+            decoding_chunk_size, num_decoding_left_chunks: the encoder's self-attention mask over the whole
+                utterance (:class:`BaseEncoder`): chunks of N > 0 encoder frames seeing M chunks to their left (-1:
+                all), as a stream would; -1 full context; 0 the model's own (full context, or its
+                ``static_chunk_size``).
 
         An utterance with no valid encoder frame (fewer than 7 fbank frames, see
         :meth:`BaseEncoder.output_lengths`) gets the empty hypothesis in every method, alone or in
@@ -278,8 +283,8 @@ class ASRModel(nn.Module):
             {method: B token-id lists in batch order}.
 
         Raises:
-            ValueError: an unknown method name, or ``reverse_weight`` outside [0, 1] or > 0 without a
-                right-to-left decoder.
+            ValueError: an unknown method name, ``reverse_weight`` outside [0, 1] or > 0 without a
+                right-to-left decoder, or a chunk option the encoder refuses (:meth:`BaseEncoder.attention_mask`).
         """
         reverse_weight = self.rescoring_reverse_weight(reverse_weight)
         error = decoding_modes_error(methods)
@@ -287,7 +292,8 @@ class ASRModel(nn.Module):
             raise ValueError(error)
         results: dict[str, list[list[int]]] = {}
         with torch.no_grad():
-            encoder_out, encoder_mask = self.encoder(feats, feats_lengths)
+            encoder_out, encoder_mask = self.encoder(feats, feats_lengths, decoding_chunk_size,
+                                                     num_decoding_left_chunks)
             lengths = encoder_mask.squeeze(1).sum(dim=1)
             if "attention" in methods:
                 results["attention"] = attention_beam_search(

@@ -76,7 +76,7 @@ class MultiHeadedAttention(nn.Module):
             query: float32 (B, T1, D).
             key, value: float32 (B, T2, D).
             mask: bool (B, 1, T2) or (B, T1, T2), True where a key takes part.
-            pos_emb: ignored here; present so both attention classes share one signature.
+            pos_emb: the positional embedding of :meth:`attend_heads` (ignored here).
 
         Returns:
             float32 (B, T1, D).
@@ -84,6 +84,37 @@ class MultiHeadedAttention(nn.Module):
         q = self.split_heads(self.linear_q(query))
         k = self.split_heads(self.linear_k(key))
         v = self.split_heads(self.linear_v(value))
+        return self.attend_heads(q, k, v, mask, pos_emb)
+
+    def forward_chunk(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, cache: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Self-attention of a chunk of a stream over the keys and values of the frames before it (``cache``)
+        and its own, which are not recomputed.
+
+        Args:
+            x: float32 (B, C, D), the chunk.
+            mask: bool (B, C, S + C), True where a key takes part, or (0, 0, 0): every key.
+            pos_emb: as :meth:`attend_heads` for C queries and S + C keys.
+            cache: float32 (B, H, S, 2 D / H), each head's keys then values of the S frames before the chunk
+                (S = 0: none).
+
+        Returns:
+            float32 (B, C, D), and the new cache (B, H, S + C, 2 D / H), the cache with the chunk's appended.
+        """
+        q = self.split_heads(self.linear_q(x))
+        k = self.split_heads(self.linear_k(x))
+        v = self.split_heads(self.linear_v(x))
+        if cache.size(2) > 0:
+            cached_k, cached_v = cache.split(self.d_k, dim=-1)
+            k, v = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)  # (B, H, S + C, D / H)
+        if mask.size(0) == 0:
+            mask = torch.ones(x.size(0), 1, k.size(2), dtype=torch.bool, device=x.device)
+        return self.attend_heads(q, k, v, mask, pos_emb), torch.cat([k, v], dim=-1)
+
+    def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     pos_emb: torch.Tensor) -> torch.Tensor:
+        """:meth:`attend` on the heads' queries (B, H, T1, D / H), keys and values (B, H, T2, D / H); the
+        relative-position subclass adds its position term from ``pos_emb``."""
         return self.attend(q, k, v, mask)
 
 
@@ -91,12 +122,12 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
     """Turn scores against relative distances into scores against key positions.
 
     Args:
-        x: float32 (B, H, T1, 2*T1 - 1); column k holds distance T1 - 1 - k (as ordered by
-            RelPositionalEncoding).
+        x: float32 (B, H, T1, T1 + T2 - 1) for T1 queries that are the last of T2 >= T1 keys; column k holds
+            distance T2 - 1 - k (as ordered by RelPositionalEncoding), from T2 - 1 down to -(T1 - 1).
 
     Returns:
-        float32 (B, H, T1, T1) with out[..., i, j] = x[..., i, T1 - 1 - i + j], i.e. the score
-        for distance i - j.
+        float32 (B, H, T1, T2) with out[..., i, j] = x[..., i, T1 - 1 - i + j], i.e. the score for distance
+        (T2 - T1 + i) - j between query i and key j.
     """
     x = x.contiguous()
     batch, heads, time, width = x.size()
@@ -105,7 +136,7 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
     # NOTE: the view's offset comes from slicing, not from x.storage_offset(), which torch.compile
     # cannot trace (a graph break in every layer; train_conf.compile); unfold would fix T.
     row0 = x.view(batch, heads, time * width)[:, :, time - 1:]  # storage offset at out[..., 0, 0]
-    return row0.as_strided((batch, heads, time, time), (x.stride(0), x.stride(1), width - 1, 1))
+    return row0.as_strided((batch, heads, time, width - time + 1), (x.stride(0), x.stride(1), width - 1, 1))
 
 
 class RelPositionMultiHeadedAttention(MultiHeadedAttention):
@@ -128,24 +159,21 @@ class RelPositionMultiHeadedAttention(MultiHeadedAttention):
         nn.init.xavier_uniform_(self.pos_bias_u)
         nn.init.xavier_uniform_(self.pos_bias_v)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                mask: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
-        """Self-attention with relative positions.
+    def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     pos_emb: torch.Tensor) -> torch.Tensor:
+        """Attention with relative positions (self-attention only: the T1 queries are the last T1 of the keys).
 
         Args:
-            query, key, value: float32 (B, T, D) (the same length T: self-attention only).
-            mask: bool (B, 1, T) or (B, T, T), True where a key takes part.
-            pos_emb: float32 (1, 2T-1, D) from RelPositionalEncoding.
+            q: float32 (B, H, T1, D / H); k, v: float32 (B, H, T2, D / H), T2 >= T1.
+            mask: bool (B, 1, T2) or (B, T1, T2), True where a key takes part.
+            pos_emb: float32 (1, T1 + T2 - 1, D) from RelPositionalEncoding (the distances T2 - 1 .. -(T1 - 1)).
 
         Returns:
-            float32 (B, T, D).
+            float32 (B, T1, D).
         """
-        q = self.linear_q(query).view(query.size(0), -1, self.h, self.d_k)
-        k = self.split_heads(self.linear_k(key))
-        v = self.split_heads(self.linear_v(value))
-        p = self.split_heads(self.linear_pos(pos_emb))
-        q_u = (q + self.pos_bias_u).transpose(1, 2)
-        q_v = (q + self.pos_bias_v).transpose(1, 2)
+        p = self.split_heads(self.linear_pos(pos_emb))  # (1, H, T1 + T2 - 1, D / H)
+        q_u = q + self.pos_bias_u.unsqueeze(1)
+        q_v = q + self.pos_bias_v.unsqueeze(1)
         # The content term (q + u) k^T is the attention's own product; the position term is its additive bias.
-        matrix_bd = rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))  # (B, H, T, T)
+        matrix_bd = rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))  # (B, H, T1, T2)
         return self.attend(q_u, k, v, mask, matrix_bd * self.scale)

@@ -63,11 +63,13 @@ class PositionalEncoding(nn.Module):
             table = torch.cat([table, extra.to(table.dtype).unsqueeze(0)], dim=1)
         return table[:, :time]
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: float32 (B, T, D), any T -> (x * sqrt(D) + PE, pos_emb (1, T, D))."""
+    def forward(self, x: torch.Tensor, offset: int = 0, cached: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: float32 (B, T, D), any T, whose first frame is position ``offset`` of the stream (a chunk's, in
+        streaming) -> (x * sqrt(D) + PE, pos_emb (1, T, D)), the positions offset .. offset + T - 1. ``cached``
+        (the keys before x that attention sees) is for :class:`RelPositionalEncoding`'s signature: unused here."""
         # NOTE: the table in x's dtype: with bf16 weights (DeepSpeed bf16) a float32 sum would meet a bf16
         # LayerNorm next, which the CPU refuses ("mixed dtype").
-        pos_emb = self.positions(x.size(1)).to(x.dtype)
+        pos_emb = self.positions(offset + x.size(1))[:, offset:].to(x.dtype)
         x = x * self.xscale + pos_emb
         return self.dropout(x), self.dropout(pos_emb)
 
@@ -101,19 +103,28 @@ class RelPositionalEncoding(nn.Module):
         self.register_buffer("pe", _sinusoid_table(distances, d_model).unsqueeze(0),
                              persistent=False)
 
-    def positions(self, time: int) -> torch.Tensor:
-        """(1, 2 time - 1, D) encoding of the distances time - 1 .. -(time - 1), in the table's dtype and device:
-        the stored table's rows where it has them (the same tensor values), rows computed for the distances
-        past +-(max_len - 1)."""
-        center = self.max_len - 1
-        if time <= self.max_len:
-            return self.pe[:, center - time + 1: center + time]
+    def positions(self, keys: int, queries: int = -1) -> torch.Tensor:
+        """(1, keys + queries - 1, D) encoding of the distances keys - 1 .. -(queries - 1) between ``queries``
+        frames and ``keys`` frames of which they are the last (self-attention: queries = keys, the default -1;
+        a streamed chunk: keys = cached frames + queries), in the table's dtype and device: the stored table's
+        rows where it has them (the same tensor values), rows computed for the distances past +-(max_len - 1)."""
+        queries = keys if queries < 0 else queries
+        top, center = keys - 1, self.max_len - 1
+        bottom = -(queries - 1)
+        table = self.pe[:, center - min(top, center):center - max(bottom, -center) + 1]
         device = self.pe.device
-        above = _sinusoid_table(torch.arange(time - 1, center, -1, device=device), self.d_model)
-        below = _sinusoid_table(torch.arange(-self.max_len, -time, -1, device=device), self.d_model)
-        return torch.cat([above.to(self.pe.dtype).unsqueeze(0), self.pe, below.to(self.pe.dtype).unsqueeze(0)], dim=1)
+        if top > center:
+            above = _sinusoid_table(torch.arange(top, center, -1, device=device), self.d_model)
+            table = torch.cat([above.to(self.pe.dtype).unsqueeze(0), table], dim=1)
+        if bottom < -center:
+            below = _sinusoid_table(torch.arange(-self.max_len, bottom - 1, -1, device=device), self.d_model)
+            table = torch.cat([table, below.to(self.pe.dtype).unsqueeze(0)], dim=1)
+        return table
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: float32 (B, T, D), any T -> (x * sqrt(D), pos_emb (1, 2T-1, D))."""
-        pos_emb = self.positions(x.size(1)).to(x.dtype)  # see PositionalEncoding
+    def forward(self, x: torch.Tensor, offset: int = 0, cached: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: float32 (B, T, D), any T, after ``cached`` earlier frames that attention also sees as keys (the
+        streaming cache) -> (x * sqrt(D), pos_emb (1, cached + 2T - 1, D)), the distances cached + T - 1 ..
+        -(T - 1). ``offset`` (x's position in the stream) is for :class:`PositionalEncoding`'s signature: relative
+        distances do not depend on it."""
+        pos_emb = self.positions(cached + x.size(1), x.size(1)).to(x.dtype)  # see PositionalEncoding
         return self.dropout(x * self.xscale), self.dropout(pos_emb)

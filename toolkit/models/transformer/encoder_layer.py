@@ -31,21 +31,31 @@ class TransformerEncoderLayer(nn.Module):
         self.dropout = Dropout(dropout_rate)
         self.normalize_before = normalize_before
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
-                mask_pad: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, mask_pad: torch.Tensor,
+                att_cache: Optional[torch.Tensor] = None, cnn_cache: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Args:
-            x: float32 (B, T, D).
-            mask: bool (B, 1, T) or (B, T, T), True where a key takes part.
+            x: float32 (B, T, D); in streaming, a chunk of T = C frames after the S frames ``att_cache`` holds.
+            mask: bool (B, 1 or T, S + T), True where a key takes part; in streaming (0, 0, 0) is every key.
             pos_emb: float32 positional embedding for the attention (ignored by the absolute one).
             mask_pad: bool (B, 1, T), True at valid frames (unused; shared layer signature).
+            att_cache: None for a whole utterance; in streaming float32 (B, H, S, 2 D / H) (see
+                :meth:`~toolkit.models.transformer.attention.MultiHeadedAttention.forward_chunk`).
+            cnn_cache: unused, returned as is (shared layer signature; no convolution here).
 
         Returns:
-            float32 (B, T, D).
+            float32 (B, T, D); the new attention cache (B, H, S + T, 2 D / H) in streaming (None without
+            ``att_cache``); ``cnn_cache``.
         """
         residual = x
         if self.normalize_before:
             x = self.norm1(x)
-        x = residual + self.dropout(self.self_attn(x, x, x, mask, pos_emb))
+        new_att_cache: Optional[torch.Tensor] = None
+        if att_cache is None:
+            attended = self.self_attn(x, x, x, mask, pos_emb)
+        else:
+            attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
+        x = residual + self.dropout(attended)
         if not self.normalize_before:
             x = self.norm1(x)
         residual = x
@@ -54,7 +64,7 @@ class TransformerEncoderLayer(nn.Module):
         x = residual + self.dropout(self.feed_forward(x))
         if not self.normalize_before:
             x = self.norm2(x)
-        return x
+        return x, new_att_cache, cnn_cache
 
 
 class ConformerEncoderLayer(nn.Module):
@@ -92,17 +102,26 @@ class ConformerEncoderLayer(nn.Module):
         self.dropout = Dropout(dropout_rate)
         self.normalize_before = normalize_before
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
-                mask_pad: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, mask_pad: torch.Tensor,
+                att_cache: Optional[torch.Tensor] = None, cnn_cache: Optional[torch.Tensor] = None
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Args:
-            x: float32 (B, T, D).
-            mask: bool (B, 1, T) or (B, T, T), True where a key takes part.
-            pos_emb: float32 (1, 2T-1, D) relative or (1, T, D) absolute positional embedding.
+            x: float32 (B, T, D); in streaming, a chunk of T = C frames after the S frames ``att_cache`` holds.
+            mask: bool (B, 1 or T, S + T), True where a key takes part; in streaming (0, 0, 0) is every key.
+            pos_emb: float32 (1, S + 2T - 1, D) relative or (1, T, D) absolute positional embedding.
             mask_pad: bool (B, 1, T), True at valid frames (for the convolution module).
+            att_cache: None for a whole utterance; in streaming float32 (B, H, S, 2 D / H) (see
+                :meth:`~toolkit.models.transformer.attention.MultiHeadedAttention.forward_chunk`).
+            cnn_cache: None for a whole utterance; in streaming float32 (B, D, kernel_size - 1) or (0, 0, 0) (see
+                :meth:`~toolkit.models.transformer.convolution.ConvolutionModule.forward_chunk`).
 
         Returns:
-            float32 (B, T, D).
+            float32 (B, T, D); in streaming the new attention cache (B, H, S + T, 2 D / H) and the new convolution
+            cache ((B, D, kernel_size - 1) for a causal convolution module, else ``cnn_cache``); None and
+            ``cnn_cache`` for a whole utterance.
         """
+        # NOTE: the whole-utterance path calls the modules as before streaming existed: with the chunk path in a
+        # method of its own, the compiled layer (train_conf.compile) drew other dropout masks than eager.
         if self.feed_forward_macaron is not None and self.norm_ff_macaron is not None:
             residual = x
             if self.normalize_before:
@@ -114,15 +133,25 @@ class ConformerEncoderLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.norm_mha(x)
-        x = residual + self.dropout(self.self_attn(x, x, x, mask, pos_emb))
+        new_att_cache: Optional[torch.Tensor] = None
+        if att_cache is None:
+            attended = self.self_attn(x, x, x, mask, pos_emb)
+        else:
+            attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
+        x = residual + self.dropout(attended)
         if not self.normalize_before:
             x = self.norm_mha(x)
 
+        new_cnn_cache = cnn_cache
         if self.conv_module is not None and self.norm_conv is not None:
             residual = x
             if self.normalize_before:
                 x = self.norm_conv(x)
-            x = residual + self.dropout(self.conv_module(x, mask_pad))
+            if cnn_cache is None:
+                convolved = self.conv_module(x, mask_pad)
+            else:
+                convolved, new_cnn_cache = self.conv_module.forward_chunk(x, mask_pad, cnn_cache)
+            x = residual + self.dropout(convolved)
             if not self.normalize_before:
                 x = self.norm_conv(x)
 
@@ -132,4 +161,4 @@ class ConformerEncoderLayer(nn.Module):
         x = residual + self.ff_scale * self.dropout(self.feed_forward(x))
         if not self.normalize_before:
             x = self.norm_ff(x)
-        return self.norm_final(x)
+        return self.norm_final(x), new_att_cache, new_cnn_cache

@@ -148,6 +148,7 @@ class Conv2dSubsampling(nn.Module):
             freq = (freq - 1) // 2
         self.out = nn.Linear(channels * freq, odim)
         self.pos_enc = pos_enc
+        self.rate = rate
         self.receptive_field = 2 ** (self.num_layers + 1) - 1
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
@@ -157,17 +158,19 @@ class Conv2dSubsampling(nn.Module):
             lengths = (lengths - 1) // 2
         return lengths.clamp(min=0)
 
-    def forward(self, x: torch.Tensor, x_mask: torch.Tensor
+    def forward(self, x: torch.Tensor, x_mask: torch.Tensor, offset: int = 0, cached: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Subsample a padded batch.
 
         Args:
             x: float32 (B, T, D) features.
             x_mask: bool (B, 1, T), True at valid frames.
+            offset, cached: for a chunk of a stream, the index of its first output frame in the stream and the
+                frames before it that attention sees (``pos_enc``'s arguments); 0 and 0 for a whole utterance.
 
         Returns:
             x: float32 (B, T', odim) with T' = :meth:`output_lengths` of max(T, receptive field) >= 1.
-            pos_emb: float32 (1, T', odim) or (1, 2T'-1, odim), from ``pos_enc``.
+            pos_emb: float32 (1, T', odim) or (1, cached + 2T'-1, odim), from ``pos_enc``.
             mask: bool (B, 1, T'), True at subsampled frames computed from valid input only.
 
         Raises:
@@ -180,7 +183,7 @@ class Conv2dSubsampling(nn.Module):
         x = self.conv(x)
         batch, channels, time, freq = x.size()
         x = self.out(x.transpose(1, 2).reshape(batch, time, channels * freq))
-        x, pos_emb = self.pos_enc(x)
+        x, pos_emb = self.pos_enc(x, offset, cached)
         # Frame j of a layer's output is valid iff its input frame 2j+2 is: slicing at 2::2 once per layer
         # keeps exactly those mask entries.
         for _ in range(self.num_layers):

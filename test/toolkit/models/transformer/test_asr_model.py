@@ -183,7 +183,7 @@ def test_intermediate_ctc_is_the_ctc_head_on_the_named_layers_outputs(tiny_fsdd,
         xs, pos_emb, masks = encoder.embed(feats, masks.unsqueeze(1))
         outputs = []
         for layer in encoder.encoders:
-            xs = layer(xs, masks, pos_emb, masks)
+            xs = layer(xs, masks, pos_emb, masks)[0]
             outputs.append(encoder.after_norm(xs))
         encoder_lens = masks.squeeze(1).sum(dim=1)
 
@@ -233,12 +233,12 @@ def test_self_conditioned_ctc_feeds_the_intermediate_posteriors_back(tiny_fsdd, 
         # Layer by layer: after layer 1, its output's CTC posteriors, projected, are added to it.
         masks = (torch.arange(feats.size(1)).unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)
         xs, pos_emb, masks = encoder.embed(feats, masks)
-        xs = encoder.encoders[0](xs, masks, pos_emb, masks)
+        xs = encoder.encoders[0](xs, masks, pos_emb, masks)[0]
         first = encoder.after_norm(xs)
         posteriors = model.ctc.ctc_lo(first).softmax(dim=-1)
         xs = xs + encoder.conditioning_layer(posteriors)
         for layer in encoder.encoders[1:]:
-            xs = layer(xs, masks, pos_emb, masks)
+            xs = layer(xs, masks, pos_emb, masks)[0]
         expected = encoder.after_norm(xs)
         encoder_lens = masks.squeeze(1).sum(dim=1)
 
