@@ -61,3 +61,32 @@ def read_rank_reports(out_dir: str | os.PathLike, world_size: int) -> list:
         with open(_report_path(out_dir, rank), encoding="utf-8") as f:
             reports.append(json.load(f))
     return reports
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes under ``pid`` (by their parent pids in /proc; torchrun's ranks run in sessions of their
+    own, so a process group would miss them)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):  # ended meanwhile
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, whose end its dead parent's reaper has not collected yet, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -8,10 +8,12 @@
 #   tools/launch_nodes.sh --hostfile hosts --dry_run true -- 'bash run.sh ...'   # print the ssh lines only
 #
 # hostfile: one ssh destination per line ([user@]host, or ssh://[user@]host[:port]); blank lines and '#' comments are
-# ignored; the first host is node 0 and holds the rendezvous, at its host part (no user, no ssh port; an IPv6 literal,
-# written bare as ssh takes it, is bracketed: [fe80::1]:29400). A line that is no ssh destination (host:port, an
-# address in brackets, more than one field) stops the launcher with one line naming it. A Host alias of
-# ~/.ssh/config is taken as the address as it is: give --host_node_addr when only ssh knows the name. Quote the command, so that $NUM_NODES, $NODE_RANK and $HOST_NODE_ADDR are expanded on
+# ignored; the first host is node 0 and holds the rendezvous, at the address ssh connects to for it: the hostname of
+# `ssh -G <line>` (so a ~/.ssh/config Host alias gives its HostName), or, where ssh cannot say (not installed), the
+# line's host part (no user, no ssh port); an IPv6 literal, written bare as ssh takes it, is bracketed:
+# [fe80::1]:29400. The launcher's first line on stderr says which address it derived from which line. A line that
+# is no ssh destination (host:port, an address in brackets, more than one field) stops the launcher with one line
+# naming it. Quote the command, so that $NUM_NODES, $NODE_RANK and $HOST_NODE_ADDR are expanded on
 # each host, where the launcher sets them. On each host the command runs in this directory (the same path on every
 # host: a shared disk, or the same checkout) with this PATH (so the same venv), OMP_NUM_THREADS, and every NCCL_*,
 # GLOO_*, TP_* and TORCH_* variable set here (network interface choices such as GLOO_SOCKET_IFNAME); see
@@ -20,7 +22,8 @@ set -euo pipefail
 
 hostfile=
 port=29400                      # rendezvous port on the first host
-host_node_addr=                 # default: <first host>:<port>; set it when the hosts reach node 0 by another name
+host_node_addr=                 # default: <first host's address>:<port>; set it when nodes reach node 0 otherwise
+resolve="ssh -G"                # prints ssh's settings for a destination; its "hostname" line: where ssh connects
 ssh="ssh -tt -o BatchMode=yes"  # -tt: closing the connection hangs up the remote command too
 dry_run=false
 
@@ -59,11 +62,23 @@ while IFS= read -r line || [ -n "$line" ]; do
   line=${line%"${line##*[![:space:]]}"}
   [ -n "$line" ] || continue
   address=$(address_of "$line") || die "$hostfile:$line_no: '$line': $address"
-  [ "${#hosts[@]}" -gt 0 ] || first_address=$address
+  [ "${#hosts[@]}" -gt 0 ] || first="$address $line_no $line"
   hosts+=("$line")
 done < "$hostfile"
 [ "${#hosts[@]}" -gt 0 ] || die "--hostfile $hostfile lists no host"
-[ -n "$host_node_addr" ] || host_node_addr="$first_address:$port"
+if [ -z "$host_node_addr" ]; then  # node 0's address as ssh itself derives it (aliases, %h in HostName, Match)
+  read -r address line_no line <<< "$first"
+  how="its host part: '$resolve' gave no hostname"
+  # shellcheck disable=SC2086  # $resolve is a command line
+  name=$($resolve "$line" 2> /dev/null < /dev/null | awk '$1 == "hostname" { print $2; exit }') || true
+  if [ -n "$name" ]; then
+    how="$resolve $line: hostname $name"
+    address=$name
+    [[ $address != *:* ]] || address="[$address]"
+  fi
+  host_node_addr="$address:$port"
+  echo "$0: rendezvous at $host_node_addr, derived from $hostfile:$line_no '$line' ($how)" >&2
+fi
 
 exports=("cd $(printf %q "$PWD")")
 for name in PATH VIRTUAL_ENV OMP_NUM_THREADS $(compgen -e | grep -E '^(NCCL_|GLOO_|TP_|TORCH_)' || true); do
@@ -79,11 +94,14 @@ for rank in "${!hosts[@]}"; do
     echo "$ssh $(printf %q "$host") $(printf %q "$remote")"
     continue
   fi
-  # Its own process group per host, so that stopping a host stops its ssh and the prefixing together.
+  # Its own process group per host, so that stopping a host stops its ssh and the prefixing together; and a
+  # watchdog in it that stops the group once this launcher is gone (a kill -9 runs no trap: the ssh sessions, and
+  # the jobs they hold open on the hosts, would run on with nobody to stop them).
   # NOTE: the prefix is printed by bash, not spliced into a sed expression, which a '/' (ssh://) or '&' would break.
-  setsid bash -c '$0 "$1" "$2" < /dev/null 2>&1 | while IFS= read -r l || [ -n "$l" ]; do printf "[%s] %s\n" "$1" "$l"
-    done; exit "${PIPESTATUS[0]}"' \
-    "$ssh" "$host" "$remote" &
+  setsid bash -c '{ while kill -0 "$3" 2> /dev/null; do sleep 1; done; kill -TERM 0; } & watchdog=$!
+    $0 "$1" "$2" < /dev/null 2>&1 | while IFS= read -r l || [ -n "$l" ]; do printf "[%s] %s\n" "$1" "$l"; done
+    status=${PIPESTATUS[0]}; kill "$watchdog"; exit "$status"' \
+    "$ssh" "$host" "$remote" "$$" &
   host_of[$!]=$host
 done
 [ "$dry_run" = true ] && exit 0

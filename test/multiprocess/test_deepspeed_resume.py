@@ -3,6 +3,7 @@ steps' losses equal the uninterrupted run's), the consolidated fp32 ``.pt`` load
 one, and missing shard files stop every rank with a message naming them."""
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -86,3 +87,41 @@ def test_missing_shard_stops_every_rank(saved_runs):
         assert "cannot resume" in message and lost in message
         assert "rank 0 cannot see" in message and "rank 1 cannot see" in message
     assert not os.path.exists(base / "broken" / "rank0.json")
+
+
+def _refusal(out_dir) -> list[str]:
+    """Each rank's one-line refusal (the worker writes the ConfigError it caught)."""
+    messages = [open(out_dir / f"error_rank{rank}.txt").read() for rank in range(2)]
+    assert not os.path.exists(out_dir / "rank0.json") and all("\n" not in m for m in messages)
+    return messages
+
+
+@pytest.mark.parametrize("saved,resumed", [(3, 2), (1, 2)])
+def test_shards_of_another_zero_stage_stop_every_rank_in_one_line(saved_runs, saved, resumed):
+    # The case: stage 3 shards resumed at stage 2 ended in DeepSpeed's traceback (or in a list of "missing" files
+    # that were never meant to exist); stage 1 shards, named like stage 2's, were handed to DeepSpeed as they were.
+    base, path, _, _ = saved_runs[saved]
+    out = base / f"as_stage{resumed}"
+    proc = launch(out, "5", "5", "--engine", "deepspeed", "--stage", str(resumed), "--skip", "3", "--resume", path)
+    assert proc.returncode != 0, proc.stderr[-4000:]
+    for message in _refusal(out):
+        assert message.startswith(f"cannot resume {path} with ZeRO stage {resumed} in fp32: its shards were saved "
+                                  f"with stage {saved} in fp32 and resume with that setup only"), message
+
+
+@pytest.mark.parametrize("damaged", ["zero_pp_rank_1_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt"])
+def test_a_cut_shard_file_stops_every_rank_in_one_line_naming_it(saved_runs, tmp_path, damaged):
+    # The case: a shard copied short (a full disk, an interrupted rsync) gave torch's PytorchStreamReader traceback.
+    base, path, _, _ = saved_runs[1]
+    copy = tmp_path / "exp"
+    shutil.copytree(os.path.dirname(path), copy)
+    shard = copy / "epoch_0" / damaged
+    shard.write_bytes(shard.read_bytes()[:1000])
+    proc = launch(tmp_path / "out", "5", "5", "--engine", "deepspeed", "--stage", "1", "--skip", "3", "--resume",
+                  str(copy / "epoch_0.pt"))
+    assert proc.returncode != 0, proc.stderr[-4000:]
+    expected = (f"cannot resume {copy / 'epoch_0.pt'} with its optimizer state: rank 0 reads a cut or non-torch "
+                f"file: {shard}; rank 1 reads a cut or non-torch file: {shard}" if "optim" in damaged else
+                f"{shard} is not a readable checkpoint (truncated or not a torch save): no zip directory at its "
+                f"end, where torch.save writes one")
+    assert _refusal(tmp_path / "out") == [expected, expected]

@@ -4,6 +4,7 @@ middle of an epoch under ``--max_restarts`` (and ``--start_over``, in a dir hold
 end bit-identical to one that was never interrupted."""
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -179,11 +180,15 @@ def test_a_killed_rank_restarts_and_the_job_ends_bit_identical(data, tmp_path, e
 
 
 def test_a_job_that_keeps_failing_stops_after_max_restarts(data, tmp_path):
+    # a CV list whose every audio file is gone: each attempt trains, then finds no CV utterance (a failure only the
+    # ranks can see: run.sh's up-front checks refuse a damaged checkpoint before any rank)
+    failing = tmp_path / "data"
+    shutil.copytree(data, failing)
+    rows = [json.loads(line) for line in (failing / "dev" / "data.list").read_text().splitlines()]
+    (failing / "dev" / "data.list").write_text("".join(json.dumps({**row, "wav": row["wav"] + ".gone"}) + "\n"
+                                                        for row in rows))
     exp = tmp_path / "exp"
-    exp.mkdir()
-    (exp / "step_4.pt").write_bytes(b"not a checkpoint")  # committed but unreadable: every attempt fails on it
-    (exp / "step_4.yaml").write_text("step: 4\n")
-    codes, logs = finish([stage4(data, exp, "--max_restarts", "1", "--overrides", RESTART_OVERRIDES)])
+    codes, logs = finish([stage4(failing, exp, "--max_restarts", "1", "--overrides", RESTART_OVERRIDES)])
     assert codes[0] != 0
     assert logs[0].count("rank 0/2 (local 0/2)") == 2  # the first attempt and 1 restart, then it gives up
-    assert "step_4.pt" in logs[0]
+    assert f"epoch 0 cross-validated no utterance of {failing / 'dev' / 'data.list'}" in logs[0]

@@ -3,12 +3,16 @@ stage runs (the corpus dir given does not exist, so a check that let the run thr
 
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
 import torch
 
+from toolkit.utils.checkpoint import load_checkpoint, save_checkpoint
+
 from test.helpers import REPO_ROOT
+from test.multiprocess.workers.recognize_setup import write_model
 
 
 @pytest.mark.parametrize("options, message", [
@@ -100,3 +104,28 @@ def test_a_dir_holding_an_earlier_run_stops_before_any_stage_unless_told_to_cont
     assert run_sh("--stage", "5").returncode == 1  # no stage 4 in the range: the dir is not checked
     assert "option --start_over takes true or false, got 'yes'" in run_sh("--start_over", "yes").stderr
     assert os.listdir(exp) == ["train.yaml"]
+
+
+def test_a_checkpoint_of_another_config_stops_before_any_stage(tmp_path):
+    # the model dir's newest epoch is train_tiny.yaml's model; the recipe's default config builds another one
+    _, init = write_model(tmp_path)
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    (data / "dict").mkdir(parents=True)
+    (data / "train").mkdir()
+    shutil.copy(tmp_path / "units.txt", data / "dict" / "units.txt")
+    shutil.copy(tmp_path / "cmvn", data / "train" / "global_cmvn")
+    exp.mkdir()
+    save_checkpoint(str(exp / "epoch_0.pt"), load_checkpoint(init), {"epoch": 0, "step": 5, "cv_loss": 9.0})
+
+    def run_sh(*options):
+        return subprocess.run(["bash", os.path.join(REPO_ROOT, "run.sh"), "--stage", "4", "--data", str(data),
+                               "--dir", str(exp), "--checkpoint", "auto", *options],
+                              capture_output=True, text=True, timeout=120)
+
+    proc = run_sh()
+    assert proc.returncode == 1 and not re.search(r"^stage -?\d", proc.stdout, re.M), proc.stdout + proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith(f"{exp}/epoch_0.pt holds another model than this config's: ") and "\n" not in line
+    assert line.endswith("; use the config it was trained with (the train.yaml beside it)")
+    proc = run_sh("--train_config", "conf/train_tiny.yaml", "--average_num", "0")  # its own config: the next stop
+    assert proc.returncode == 1 and "data/train/data.list is missing: training needs it" in proc.stderr, proc.stderr

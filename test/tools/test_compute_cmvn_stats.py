@@ -1,14 +1,16 @@
 import dataclasses
 import json
+import logging
 import re
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
 from toolkit.dataset import processor
-from toolkit.dataset.cmvn_stats import read_entries
+from toolkit.dataset.cmvn_stats import compute_stats, read_entries
 from toolkit.dataset.conf import FbankConf
 
 from test.helpers import REPO_ROOT, kaldi_entries
@@ -93,3 +95,28 @@ def test_bad_lines_and_no_frames_are_one_line_errors(tmp_path):
     assert proc.returncode == 1
     assert re.search(r"no frames from the 1 utterances .*'missing_audio': 1.*not writing", proc.stderr)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("beside_a_thread", [False, True])
+def test_a_worker_skip_reaches_the_log_once_in_its_format(tmp_path, beside_a_thread):
+    # The case: beside another thread (a notebook's kernel, a rank) the pool's workers start from the forkserver,
+    # with no log handler: their skip warnings bypassed the caller's format and log file.
+    entries = kaldi_entries("tiny_fsdd", "dev")[:5] + [{"key": "gone", "wav": str(tmp_path / "gone.wav"), "txt": "X"}]
+    fbank = {key: value for key, value in FBANK.items() if key != "dither"}  # compute_stats sets it (0)
+    handler = logging.FileHandler(tmp_path / "run.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s rank0 %(levelname)s %(message)s"))
+    root, stop = logging.getLogger(), threading.Event()
+    root.addHandler(handler)
+    if beside_a_thread:
+        threading.Thread(target=stop.wait, daemon=True).start()
+    try:
+        stats, skipped = compute_stats(entries, fbank, 16000, num_workers=2)
+    finally:
+        stop.set()
+        root.removeHandler(handler)
+        handler.close()
+    whole, _ = compute_stats(entries[:5], fbank, 16000, num_workers=1)
+    assert skipped == {"missing_audio": 1} and stats["frame_num"] == whole["frame_num"]
+    lines = [line for line in (tmp_path / "run.log").read_text().splitlines() if "skipping" in line]
+    assert len(lines) == 1 and re.fullmatch(r"\d{4}-\d\d-\d\d [\d:,]+ rank0 WARNING skipping gone: missing_audio.*",
+                                            lines[0]), lines

@@ -1,12 +1,13 @@
 """tools/launch_nodes.sh with a stand-in ssh that runs each host's command on this machine."""
 
 import os
+import shutil
 import subprocess
 import time
 
 import pytest
 
-from test.helpers import REPO_ROOT
+from test.helpers import REPO_ROOT, alive
 
 LAUNCH = os.path.join(REPO_ROOT, "tools", "launch_nodes.sh")
 
@@ -85,3 +86,56 @@ def test_a_hostfile_line_that_is_no_ssh_destination_is_refused_in_one_line(tmp_p
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"hosts:{line}: {message}" in proc.stderr
     assert not (tmp_path / "ran").exists() and not (tmp_path / "contacted").exists()
+
+
+def test_a_launcher_killed_with_sigkill_stops_every_host_command(tmp_path):
+    # kill -9 runs no trap: each host's watchdog sees the launcher gone and stops that host's ssh and its command
+    fake_ssh, hostfile = tmp_path / "ssh", tmp_path / "hosts"
+    fake_ssh.write_text('#!/usr/bin/env bash\nexec bash -c "$2"\n')
+    fake_ssh.chmod(0o755)
+    hostfile.write_text("node-a\nnode-b\n")
+    proc = subprocess.Popen([LAUNCH, "--hostfile", str(hostfile), "--ssh", str(fake_ssh), "--",
+                             'echo $$ > pid$NODE_RANK; sleep 60'], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = [tmp_path / f"pid{rank}" for rank in range(2)]
+    deadline = time.monotonic() + 20
+    while not all(p.exists() and p.read_text().strip() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    commands = [int(p.read_text()) for p in pids]
+    proc.kill()
+    proc.wait()
+    killed = time.monotonic()
+    while any(alive(pid) for pid in commands) and time.monotonic() - killed < 5:
+        time.sleep(0.1)
+    running = [pid for pid in commands if alive(pid)]
+    for pid in running:
+        os.kill(pid, 9)
+    assert not running
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="ssh is not installed")
+@pytest.mark.parametrize("hosts, address", [
+    ("myalias\nnode1\n", "10.0.0.5:29400"),  # a Host alias: its HostName, as ssh connects to it
+    ("alice@myalias\nnode1\n", "10.0.0.5:29400"),
+    ("ssh://alice@myalias:2222\nnode1\n", "10.0.0.5:29400"),
+    ("v6alias\nnode1\n", "[fe80::7]:29400"),
+    ("expanded\nnode1\n", "expanded.example.org:29400"),  # HostName %h.example.org
+])
+def test_the_rendezvous_address_is_the_hostname_ssh_connects_to(tmp_path, hosts, address):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host myalias\n  HostName 10.0.0.5\n  User bob\nHost v6alias\n  HostName fe80::7\n"
+                      "Host expanded\n  HostName %h.example.org\n")
+    proc = launch(tmp_path, 'echo "$NODE_RANK $HOST_NODE_ADDR"', "--resolve", f"ssh -F {config} -G", hosts=hosts)
+    assert proc.returncode == 0, proc.stderr
+    first = hosts.splitlines()[0]
+    assert sorted(proc.stdout.splitlines()) == sorted([f"[{first}] 0 {address}", f"[node1] 1 {address}"])
+    assert (f"rendezvous at {address}, derived from {tmp_path / 'hosts'}:1 '{first}' (ssh -F {config} -G {first}: "
+            f"hostname {address.rsplit(':', 1)[0].strip('[]')})") in proc.stderr
+
+
+def test_without_ssh_settings_the_rendezvous_address_is_the_host_part(tmp_path):
+    proc = launch(tmp_path, 'echo "$NODE_RANK $HOST_NODE_ADDR"', "--resolve", "false", hosts="alice@myalias\nb\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "[alice@myalias] 0 myalias:29400" in proc.stdout.splitlines()
+    assert (f"rendezvous at myalias:29400, derived from {tmp_path / 'hosts'}:1 'alice@myalias' (its host part: "
+            "'false' gave no hostname)") in proc.stderr

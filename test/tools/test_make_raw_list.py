@@ -94,3 +94,22 @@ def test_a_format_without_a_folder_is_a_usage_error(tmp_path):
     proc = make_raw_list_cli("--audio_format", "flac", tmp_path / "wav.scp", tmp_path / "text", tmp_path / "out")
     assert proc.returncode == 2 and "--audio_format flac needs --audio_dir" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("line", ["utt1", "utt1   "])
+def test_a_wav_scp_line_without_a_path_is_a_one_line_error_naming_file_and_line(tmp_path, line):
+    # The case: `utt1` alone (or with trailing spaces) in wav.scp was written as "wav": "" and left to the
+    # pipeline. In a text file the same line is an empty transcript, which is valid.
+    keys, _ = data_dir(tmp_path, 3)
+    scp = (tmp_path / "wav.scp").read_text().splitlines()
+    (tmp_path / "wav.scp").write_text("\n".join(scp[:2] + [line] + scp[2:]) + "\n")
+    (tmp_path / "text").write_text((tmp_path / "text").read_text() + "utt1\n")
+    proc = make_raw_list_cli(tmp_path / "wav.scp", tmp_path / "text", tmp_path / "data.list")
+    assert proc.returncode == 1 and not (tmp_path / "data.list").exists()
+    assert proc.stderr == f"make_raw_list.py: {tmp_path / 'wav.scp'}:3: key 'utt1' has no value: expected " \
+                          f"'key value'\n"
+    (tmp_path / "wav.scp").write_text("\n".join(scp) + "\n")  # the key alone in text is an empty transcript
+    proc = make_raw_list_cli(tmp_path / "wav.scp", tmp_path / "text", tmp_path / "data.list")
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["key"] for line in (tmp_path / "data.list").read_text().splitlines()] == keys + ["gone"]
+    assert "skipped 1 keys not in both" in proc.stderr and "utt1" in proc.stderr

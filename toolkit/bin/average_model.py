@@ -14,6 +14,8 @@ names the names merged or left out.
 
 Refused with one error line (exit status 2), nothing written:
 
+* ``--src_path`` in use by a training job (its lock, :mod:`toolkit.engine.model_dir`): its epochs are still being
+  written; average once it has ended (a training job started while averaging runs is refused in turn);
 * ``--num`` below 1, or fewer than ``num`` checkpoints to pick from, unless ``--allow_fewer`` (then a warning says
   how many are averaged);
 * ``--val_best`` when retention deleted epochs (``train_conf.keep_last_n`` in the model dir's ``train.yaml``) and
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 import yaml
 
+from toolkit.engine.model_dir import lock_for_averaging
 from toolkit.utils.checkpoint import (MODEL_KEY, checkpoint_number, finite_cv_loss, list_checkpoints,
                                       load_checkpoint, load_info, save_checkpoint)
 from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
@@ -164,15 +167,23 @@ def main(argv=None) -> None:
                         help="average the checkpoints there are when fewer than --num qualify (else an error)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    # 1. choose the checkpoints
-    paths = select_checkpoints(args.src_path, args.num, args.val_best, args.allow_fewer)
-    for path in paths:
-        logger.info("averaging %s (cv_loss %s)", path, load_info(path).get("cv_loss"))
-    # 2. average (checks keys, shapes, dtypes and finiteness first), 3. write
-    averaged = average_checkpoints(paths)
-    save_checkpoint(args.dst_model, {MODEL_KEY: averaged},
-                    {"averaged": paths, "val_best": args.val_best, "tag": "average"})
-    logger.info("wrote %s from %d checkpoints", args.dst_model, len(paths))
+    if not os.path.isdir(args.src_path):
+        raise ConfigError(f"--src_path {args.src_path}: no such directory")
+    # 1. the model dir, locked: not while a training job writes its epochs (nor a training job while averaging)
+    lock = lock_for_averaging(args.src_path)
+    try:
+        # 2. choose the checkpoints
+        paths = select_checkpoints(args.src_path, args.num, args.val_best, args.allow_fewer)
+        for path in paths:
+            logger.info("averaging %s (cv_loss %s)", path, load_info(path).get("cv_loss"))
+        # 3. average (checks keys, shapes, dtypes and finiteness first), 4. write
+        averaged = average_checkpoints(paths)
+        save_checkpoint(args.dst_model, {MODEL_KEY: averaged},
+                        {"averaged": paths, "val_best": args.val_best, "tag": "average"})
+        logger.info("wrote %s from %d checkpoints", args.dst_model, len(paths))
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def cli() -> None:

@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import sys
+import zipfile
 
 import torch
 
@@ -62,6 +63,7 @@ from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import Config, read_config
+from toolkit.utils.checkpoint import MODEL_KEY, check_model_state, load_checkpoint, load_info
 from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.rng import seed_global_rngs
 from toolkit.utils.scheduler import init_optimizer_and_scheduler
@@ -100,8 +102,9 @@ def get_args(argv=None) -> argparse.Namespace:
                         help="process-group timeout: a collective waiting longer fails instead of hanging")
     parser.add_argument("--check_only", action="store_true",
                         help="check --config with the overrides (the optimizer and LR schedule built on a stand-in "
-                             "parameter), --decode_modes and what --model_dir holds (with --checkpoint, "
-                             "--start_over), print MAX_EPOCH GPUS LM_USED and exit (MAX_EPOCH 0 without --config); "
+                             "parameter), --decode_modes, what --model_dir holds (with --checkpoint, "
+                             "--start_over) and the model of the checkpoint to resume, print MAX_EPOCH GPUS "
+                             "LM_USED and exit (MAX_EPOCH 0 without --config); "
                              "nothing is trained or written")
     parser.add_argument("--decode_modes", help="with --check_only: the space-separated decoding modes the trained "
                                                f"model will be decoded with, each one of {list(DECODING_METHODS)}")
@@ -119,7 +122,8 @@ def check_before_ranks(args: argparse.Namespace, config: Config) -> None:
     """What a rank would refuse late (each rank, under torchrun's traceback), refused in one process before any rank
     or file exists; by ``--check_only`` (so run.sh, before launching) and by :func:`main` itself: ``--train_engine``
     with ``--deepspeed_config`` and its JSON, ``train_conf.dtype`` on this machine's device, that the data lists
-    exist and that ``--checkpoint`` (unless ``auto``) is a committed checkpoint (its ``.yaml`` beside it).
+    exist and that ``--checkpoint`` (unless ``auto``) is a committed checkpoint (its ``.yaml`` beside it) whose two
+    files can be read.
 
     Raises:
         ConfigError: naming the option or key.
@@ -141,6 +145,8 @@ def check_before_ranks(args: argparse.Namespace, config: Config) -> None:
         if committed is None or not os.path.isfile(committed):
             raise ConfigError(f"--checkpoint {checkpoint}: no {os.path.basename(str(committed))} beside it, so it is "
                               "not a committed checkpoint (its save never finished); resume from another one")
+        load_checkpoint(checkpoint, mmap=True)  # readable (its weights mapped, not read), and its record
+        load_info(checkpoint)
 
 
 def check_only(args: argparse.Namespace) -> None:
@@ -151,7 +157,7 @@ def check_only(args: argparse.Namespace) -> None:
     ``--deepspeed_config``), the decoding modes the model will be decoded with (the model's own list), and, given
     ``--model_dir``, whether the run it holds lets this one start as ``--checkpoint``/``--start_over`` say
     (:func:`~toolkit.engine.model_dir.plan_model_dir`; whether another job holds it is known only when training
-    starts).
+    starts), and the model of the checkpoint to resume against the config's (:func:`check_resume_model`).
     Prints ``MAX_EPOCH GPUS LM_USED``; an error is one line on stderr and exit status 1."""
     lm_used = 0
     if args.decode_modes is not None:
@@ -177,12 +183,40 @@ def check_only(args: argparse.Namespace) -> None:
             check_before_ranks(args, config)
     except ConfigError as e:
         sys.exit(str(e))
+    checkpoint = None if args.checkpoint == "auto" else args.checkpoint
     if args.model_dir is not None and os.path.isdir(args.model_dir):
         try:
-            plan_model_dir(args.model_dir, args.checkpoint, args.start_over)
+            checkpoint = plan_model_dir(args.model_dir, args.checkpoint, args.start_over).checkpoint
+        except ConfigError as e:
+            sys.exit(str(e))
+    if args.config is not None and checkpoint:
+        try:
+            check_resume_model(config, checkpoint)
         except ConfigError as e:
             sys.exit(str(e))
     print(max_epoch, torch.cuda.device_count(), lm_used)
+
+
+def check_resume_model(config: Config, checkpoint: str) -> None:
+    """``--check_only``: the model of ``config`` against the one ``checkpoint`` holds (the ``--checkpoint`` given,
+    or the one ``--checkpoint auto`` resumes), refused in the one line a rank's resume gives
+    (:func:`~toolkit.utils.checkpoint.check_model_state`): the model built once, in this process, and the checkpoint
+    memory-mapped, so only its tensors' shapes are read. Not checked while the symbol table or the CMVN stats that
+    the model's size depends on are not there yet (an earlier stage of this run makes them), nor a file that is not
+    in torch.save's zip format (a legacy save, or no checkpoint at all): the ranks check then.
+
+    Raises:
+        ConfigError: another model (the first key that differs, both shapes), a symbol table that does not fit an
+            earlier run's ``output_dim``, or a config that builds no model.
+    """
+    inputs = [config.tokenizer_conf.get("symbol_table_path"), config.tokenizer_conf.get("bpe_model"),
+              config.cmvn_conf.get("cmvn_file") if config.cmvn else None]
+    if not all(os.path.isfile(path) for path in inputs if path) or not zipfile.is_zipfile(checkpoint):
+        return  # NOTE: not torch.save's zip format (the toolkit's, and mmap's): a rank's load says what it is
+    tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
+    model = init_model(dataclasses.replace(config, output_dim=tokenizer.vocab_size()))
+    saved = load_checkpoint(checkpoint, mmap=True)[MODEL_KEY]
+    check_model_state({key: tuple(value.shape) for key, value in model.state_dict().items()}, saved, checkpoint)
 
 
 def setup_logging(rank: int | None = None) -> None:

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from toolkit.dataset.processor import SkipSample, compute_fbank, parse_raw, read_audio, resample
-from toolkit.utils.worker_start import worker_context
+from toolkit.utils.worker_start import LogSetup, start_worker_logging, worker_context
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,12 @@ def utterance_stats(entry: dict, fbank_conf: dict, resample_rate: int) -> Union[
     return feats.sum(axis=0), (feats ** 2).sum(axis=0), feats.shape[0]
 
 
+def _start_worker(log_setup: LogSetup) -> None:
+    """A pool worker: one torch thread, and the log of the process that started the pool."""
+    torch.set_num_threads(1)
+    start_worker_logging(log_setup)
+
+
 def compute_stats(entries: List[dict], fbank_conf: dict, resample_rate: int, num_workers: int) -> Tuple[dict, Counter]:
     """Sum per-utterance statistics over ``entries`` (tqdm progress on stderr), in this process for
     ``num_workers`` 1, else in that many worker processes.
@@ -93,7 +99,8 @@ def compute_stats(entries: List[dict], fbank_conf: dict, resample_rate: int, num
             # NOTE: one torch thread per worker: with torch's default (one per core) the workers' fbank threads
             # outnumber the cores and spin against each other.
             context = worker_context((worker, entries), "compute_stats' workers", "use one (--num_workers 1)")
-            pool = stack.enter_context(context.Pool(num_workers, initializer=torch.set_num_threads, initargs=(1,)))
+            pool = stack.enter_context(context.Pool(num_workers, initializer=_start_worker,
+                                                    initargs=(LogSetup.of_this_process(),)))
             results = pool.imap_unordered(worker, entries, chunksize=16)
         else:
             results = map(worker, entries)

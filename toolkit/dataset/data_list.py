@@ -21,7 +21,7 @@ from toolkit.dataset.shard import (clear_stale_outputs, count_shard_utterances, 
                                    read_shard_transcripts)
 from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.kaldi_files import read_table
-from toolkit.utils.worker_start import worker_context
+from toolkit.utils.worker_start import LogSetup, start_pool_worker, worker_context
 
 
 def make_raw_list(wav_scp: str, text: str, wav_root: Optional[str] = None) -> Tuple[List[dict], List[str]]:
@@ -132,7 +132,8 @@ def reencode_audio(entries: List[dict], audio_dir: str, audio_format: str,
         results = list(map(_reencode_job, jobs))
     else:
         context = worker_context((_reencode_job, jobs), "reencode_audio's processes", "use one (num_workers 1)")
-        with ProcessPoolExecutor(num_workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(num_workers, mp_context=context, initializer=start_pool_worker,
+                                 initargs=(LogSetup.of_this_process(),)) as pool:
             results = list(pool.map(_reencode_job, jobs, chunksize=64))
     new_entries, skipped = [], []
     for (entry, reason), (_, _, path) in zip(results, jobs):

@@ -1,6 +1,7 @@
 """The DataLoader around an :class:`~toolkit.dataset.pipeline.AsrDataset` and its workers' lifecycle: they are
 forked only from a process without other threads, start from a forkserver otherwise, and end when the process
 iterating the loader does."""
+import functools
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -15,7 +16,7 @@ from torch.utils.data import DataLoader
 from toolkit.dataset import processor
 from toolkit.dataset.conf import DatasetConf, resolve_dataset_conf
 from toolkit.dataset.pipeline import AsrDataset
-from toolkit.utils.worker_start import worker_context
+from toolkit.utils.worker_start import LogSetup, start_worker_logging, worker_context
 
 
 def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None) -> DataLoader:
@@ -29,8 +30,8 @@ def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None
     torch RNG, so where dropout's random stream stands would depend on how many loaders were iterated (an exact
     resume would diverge).
 
-    Workers start as :func:`loader_context` says when they start (each ``iter`` that starts them), and end when
-    the process iterating the loader does (:func:`end_with_the_loader`).
+    Workers start as :func:`loader_context` says when they start (each ``iter`` that starts them), log as this
+    process does then (:func:`start_worker`), and end when the process iterating the loader does.
 
     Raises:
         toolkit.utils.worker_start.WorkerStartError: workers would start from the forkserver in a script shape it
@@ -41,17 +42,19 @@ def build_dataloader(dataset: AsrDataset, conf: DatasetConf | dict | None = None
               "generator": torch.Generator().manual_seed(dataset.seed)}
     if conf.num_workers > 0:
         kwargs.update(prefetch_factor=conf.prefetch_factor, persistent_workers=conf.persistent_workers,
-                      multiprocessing_context=loader_context(dataset), worker_init_fn=end_with_the_loader)
+                      multiprocessing_context=loader_context(dataset),
+                      worker_init_fn=functools.partial(start_worker, LogSetup.of_this_process()))
     return _Loader(dataset, **kwargs)
 
 
 class _Loader(DataLoader):
-    """A DataLoader whose workers' start method is chosen when they start (threads may have started since the
-    loader was built)."""
+    """A DataLoader whose workers' start method and logging are chosen when they start (threads may have started,
+    and logging been set up, since the loader was built)."""
 
     def __iter__(self):
         if self.num_workers > 0 and self._iterator is None:
             self.multiprocessing_context = loader_context(self.dataset)
+            self.worker_init_fn = functools.partial(start_worker, LogSetup.of_this_process())
         return super().__iter__()
 
 
@@ -88,9 +91,10 @@ def loader_context(dataset: AsrDataset) -> multiprocessing.context.BaseContext:
     return context
 
 
-def end_with_the_loader(worker_id: int) -> None:
-    """``worker_init_fn``: a thread that ends this worker (exit status 1) once the process iterating the loader is
-    gone, e.g. a rank killed with SIGKILL.
+def start_worker(log_setup: LogSetup, worker_id: int) -> None:
+    """``worker_init_fn`` (with ``log_setup`` bound): log like the process iterating the loader
+    (:func:`toolkit.utils.worker_start.start_worker_logging`), and end with it: a thread ends this worker (exit
+    status 1) once that process is gone, e.g. a rank killed with SIGKILL.
 
     NOTE: torch's own watchdog in the worker compares ``os.getppid()`` with its value at start, and a forkserver
     child's parent is the server, which lives while any of its children do: without this thread a dead rank's
@@ -98,6 +102,7 @@ def end_with_the_loader(worker_id: int) -> None:
     never returned: seen in 3 of 14 stress runs of a killed-and-restarted 2-rank job). ``parent_process()`` is the
     loader's process, whatever the start method.
     """
+    start_worker_logging(log_setup)
     sentinel = multiprocessing.parent_process().sentinel
     threading.Thread(target=_exit_when_ready, args=(sentinel,), name="end_with_the_loader", daemon=True).start()
 

@@ -72,7 +72,8 @@ def parse_raw(sample: dict) -> dict:
     :func:`toolkit.utils.unicode_text.normalize_unicode`) and, when given, ``start`` and ``end`` (float seconds).
 
     Raises:
-        SkipSample: ``bad_line`` when the line is not a JSON object with string key/wav/txt, or start/end
+        SkipSample: ``bad_line`` when the line is not a JSON object with string key/wav/txt (key and wav not
+            empty), or start/end
             are not numbers with ``0 <= start < end``.
     """
     try:
@@ -81,6 +82,8 @@ def parse_raw(sample: dict) -> dict:
         raise SkipSample("bad_line", f"not JSON ({err})") from err
     if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("key", "wav", "txt")):
         raise SkipSample("bad_line", "expected string fields key, wav, txt")
+    if not obj["key"] or not obj["wav"]:
+        raise SkipSample("bad_line", f"empty {'key' if not obj['key'] else 'wav'}")
     out = {"key": obj["key"], "wav": obj["wav"], "txt": normalize_unicode(obj["txt"])}
     if "start" in obj or "end" in obj:
         start, end = obj.get("start", 0.0), obj.get("end")

@@ -43,7 +43,7 @@ import soundfile as sf
 
 from toolkit.dataset.processor import SkipSample, read_audio
 from toolkit.utils.unicode_text import normalize_unicode
-from toolkit.utils.worker_start import worker_context
+from toolkit.utils.worker_start import LogSetup, start_pool_worker, worker_context
 
 logger = logging.getLogger(__name__)
 
@@ -373,7 +373,8 @@ def make_shards(entries: List[dict], shard_dir: str, num_utts_per_shard: int, nu
         results = list(map(_write_job, jobs))
     else:
         context = worker_context((_write_job, jobs), "make_shards' processes", "use one (--num_workers 1)")
-        with ProcessPoolExecutor(min(num_workers, len(jobs)), mp_context=context) as pool:
+        with ProcessPoolExecutor(min(num_workers, len(jobs)), mp_context=context, initializer=start_pool_worker,
+                                 initargs=(LogSetup.of_this_process(),)) as pool:
             results = list(pool.map(_write_job, jobs))
     written = sum(num for num, _ in results)
     skipped = [item for _, job_skipped in results for item in job_skipped]

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.utils.config_parsing import ConfigError
+from toolkit.utils.worker_start import stop_with_parent
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,22 @@ def _hand_over_gil_at_exit() -> None:
     time.sleep(_GIL_HANDOFF_S)
 
 
+def stop_with_launcher() -> None:
+    """Under torchrun: end this rank as soon as its parent, torchrun's agent (``torchrun``, ``toolkit.bin.launch``),
+    ends, however it ends, ``kill -9`` included (:func:`~toolkit.utils.worker_start.stop_with_parent`). A rank
+    orphaned by a killed agent would otherwise train on with nobody to stop it, holding its model dir's lock so that
+    the user's next run is refused; its end drops the lock (the kernel's). Without torchrun nothing: a plain
+    ``python -m toolkit.bin.train`` outlives the shell that started it (``nohup``).
+
+    NOTE: torchrun starts each rank in a session of its own (``start_new_session``), so neither a terminal's hangup
+    nor a signal to the launcher's process group reaches the ranks. A rank's loader workers end with it
+    (:func:`toolkit.dataset.loader.end_with_the_loader`), and its forkserver once the pipe to the rank closes (a
+    server still importing what it preloads notices when it is done: seconds).
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        stop_with_parent()
+
+
 def current_context() -> DistContext | None:
     """The context made by :func:`init_distributed` in this process, or None before it ran."""
     return _CURRENT
@@ -97,9 +114,12 @@ def init_distributed(timeout_s: float = 1800.0) -> DistContext:
     Args:
         timeout_s: process-group timeout in seconds; a collective that waits longer fails instead of hanging.
 
+    A rank of torchrun ends with its agent (:func:`stop_with_launcher`).
+
     Raises:
         ConfigError: with GPUs, a local rank beyond this node's GPU count (more processes per node than GPUs).
     """
+    stop_with_launcher()
     rank = _env_int("RANK", 0)
     world_size = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)

@@ -130,7 +130,8 @@ class Engine(abc.ABC):
 
         Raises:
             FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
-            ConfigError: ``path`` holds a model of another shape (:func:`~toolkit.utils.checkpoint.check_model_state`).
+            ConfigError: ``path`` is not a readable checkpoint, or holds a model of another shape
+                (:func:`~toolkit.utils.checkpoint.load_checkpoint`, :func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         state = load_checkpoint(path)
         check_model_state(self.model_shapes(), state[MODEL_KEY], path)

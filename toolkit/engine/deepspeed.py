@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import shutil
+import zipfile
 from typing import Any, ContextManager
 
 import torch
@@ -48,7 +49,7 @@ from toolkit.distributed.main_only import barrier, check_collective, run_on_main
 from toolkit.engine.base import PRECISIONS, Engine
 from toolkit.engine.train_conf import TrainConf
 from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, check_model_state,
-                                      load_checkpoint, save_checkpoint)
+                                      load_checkpoint, read_torch_file, save_checkpoint)
 from toolkit.utils.config_parsing import ConfigError
 
 
@@ -328,41 +329,71 @@ class DeepSpeedEngine(Engine):
         the ``extra`` entry of ``path`` (``{}`` when absent) for the caller's saver hooks.
 
         Raises:
-            FileNotFoundError: on EVERY rank, when any rank cannot see one of the ``world_size`` shard files (e.g.
-                node-local disks, or shards dropped); the message names each rank's missing files.
-            ConfigError: on every rank, when the shards were written by another number of ranks (ZeRO's optimizer
-                state is partitioned by rank, so it resumes on the same world size only), or when ``path`` holds a
-                model of another shape (:func:`~toolkit.utils.checkpoint.check_model_state`).
+            ConfigError: on EVERY rank (decided on what all of them see, so that none waits in a later collective),
+                in one line naming the checkpoint: its shards were saved with another ZeRO stage or precision, or
+                by another number of ranks (ZeRO's optimizer state is partitioned by rank, so it resumes on the same
+                world size only); a rank cannot see one of the shard files (node-local disks, shards dropped) or
+                one is cut short or not a torch save (each rank's files named); or ``path`` is not a readable
+                checkpoint or holds a model of another shape (:func:`~toolkit.utils.checkpoint.load_checkpoint`,
+                :func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         check_collective("load_model")
         model_dir, tag = _split(path)
         bf16 = self.dtype == "bf16"
         expected = expected_shard_files(model_dir, tag, self.ctx.world_size, self.stage, bf16)
         missing = [f for f in expected if not os.path.exists(f)]
-        saved = _saved_world_size(expected[0]) if os.path.exists(expected[0]) else 0
-        # Decided on what every rank sees, so that all ranks raise together (none waits in a later collective).
-        gathered = all_gather_objects((missing, saved), "load_model")
-        saved = max(count for _, count in gathered)
-        if (self.stage > 0 or bf16) and saved not in (0, self.ctx.world_size):
-            raise ConfigError(f"cannot resume {path} with {self.ctx.world_size} ranks: its ZeRO optimizer state was "
-                              f"written by {saved} ranks and resumes on that many only; resume with {saved} ranks, "
-                              "or start the new world size from its weights with --train_engine torch_ddp")
-        report = [f"rank {rank} cannot see: {', '.join(files)}" for rank, (files, _) in enumerate(gathered) if files]
+        damaged = [f for f in expected if f not in missing and not zipfile.is_zipfile(f)]
+        try:
+            saved = _saved_setup(model_dir, tag)
+        except ConfigError as e:
+            saved = str(e)
+        gathered = all_gather_objects((missing, damaged, saved), "load_model")
+        for _, _, seen in gathered:
+            if isinstance(seen, str):  # a rank's model-states file is unreadable
+                raise ConfigError(seen)
+        setup = next((seen for _, _, seen in gathered if seen is not None), None)
+        if setup is not None:
+            stage, dtype, world_size = setup
+            if (stage, dtype) != (self.stage, self.dtype):
+                raise ConfigError(
+                    f"cannot resume {path} with ZeRO stage {self.stage} in {self.dtype}: its shards were saved with "
+                    f"stage {stage} in {dtype} and resume with that setup only; set it "
+                    "in --deepspeed_config and train_conf.dtype, or start from its weights with --train_engine "
+                    "torch_ddp")
+            if (self.stage > 0 or bf16) and world_size not in (0, self.ctx.world_size):
+                raise ConfigError(
+                    f"cannot resume {path} with {self.ctx.world_size} ranks: its ZeRO optimizer state was written "
+                    f"by {world_size} ranks and resumes on that many only; resume with {world_size} ranks, or start "
+                    "the new world size from its weights with --train_engine torch_ddp")
+        report = [f"rank {rank} {what}: {', '.join(files)}" for rank, (missing, damaged, _) in enumerate(gathered)
+                  for what, files in (("cannot see", missing), ("reads a cut or non-torch file", damaged)) if files]
         if report:
-            raise FileNotFoundError(f"cannot resume {path} with its optimizer state: " + "; ".join(report))
+            raise ConfigError(f"cannot resume {path} with its optimizer state: " + "; ".join(report))
         consolidated = load_checkpoint(path, mmap=True)  # memory-mapped: its shapes are read, not its weights
         check_model_state(self.model_shapes(), consolidated[MODEL_KEY], path)
         load_path, _ = self.model.load_checkpoint(model_dir, tag=tag, load_optimizer_states=True,
                                                   load_lr_scheduler_states=True)
         if load_path is None:
-            raise FileNotFoundError(f"DeepSpeed found no checkpoint {tag} in {model_dir}")
+            raise ConfigError(f"cannot resume {path}: DeepSpeed found no checkpoint {tag} in {model_dir}")
         return consolidated.get(EXTRA_KEY, {})
 
 
-def _saved_world_size(model_states: str) -> int:
-    """The data-parallel world size a DeepSpeed model-states file records (``dp_world_size``); memory-mapped, so the
-    weights are not read."""
-    return int(torch.load(model_states, map_location="cpu", weights_only=False, mmap=True).get("dp_world_size", 0))
+def _saved_setup(model_dir: str, tag: str) -> tuple[int, str, int] | None:
+    """``(ZeRO stage, dtype: "fp32", "bf16" or "fp16", data-parallel world size)`` that DeepSpeed's model-states
+    file in ``{model_dir}/{tag}/`` records (its ``ds_config`` and ``dp_world_size``), or None where this rank sees
+    none; memory-mapped, so the weights are not read.
+
+    Raises:
+        ConfigError: the file is cut short or not a torch save.
+    """
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):  # stages 0-2, 3
+        model_states = os.path.join(model_dir, tag, name)
+        if os.path.exists(model_states):
+            state = read_torch_file(model_states, mmap=True)
+            ds_config = state.get("ds_config") or {}
+            dtype = next((half for half in ("bf16", "fp16") if ds_config.get(half, {}).get("enabled")), "fp32")
+            return zero_stage(ds_config), dtype, int(state.get("dp_world_size", 0))
+    return None
 
 
 def _split(path: str) -> tuple[str, str]:

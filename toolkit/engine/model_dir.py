@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import logging
 import os
 import re
@@ -143,9 +144,7 @@ def lock_model_dir(ctx: DistContext, model_dir: str) -> DirLock:
     Raises:
         ConfigError: another job holds it (naming its host, pid, run id and start).
     """
-    lock = DirLock(model_dir, {"host": socket.gethostname(), "pid": os.getpid(), "run_id": ctx.run_id,
-                               "restart_count": ctx.restart_count,
-                               "since": datetime.datetime.now().isoformat(timespec="seconds")})
+    lock = DirLock(model_dir, {**_record("training"), "run_id": ctx.run_id, "restart_count": ctx.restart_count})
     holder = lock.acquire()
     if holder is not None and _earlier_attempt(holder, ctx):
         logging.info("--model_dir %s is still locked by attempt %s of this job (%s); waiting up to %.0f s for it",
@@ -155,9 +154,43 @@ def lock_model_dir(ctx: DistContext, model_dir: str) -> DirLock:
             time.sleep(1.0)
             holder = lock.acquire()
     if holder is not None:
-        raise ConfigError(f"--model_dir {model_dir} is in use by another training job ({_who(holder)}); wait for "
-                          "it to end, or train into another --model_dir")
+        raise ConfigError(f"--model_dir {model_dir} is in use by another {holder.get('command', 'training')} job "
+                          f"({_who(holder)}); wait for it to end, or train into another --model_dir")
     return lock
+
+
+def lock_for_averaging(model_dir: str) -> DirLock | None:
+    """Lock ``model_dir`` (which exists) for ``average_model.py``, which reads its epoch checkpoints and writes
+    ``avg_N.pt`` beside them: refused while a training job holds it (its epochs are still being written, and the
+    best ones may not be there yet), and a training job started meanwhile is refused in turn. Decoding takes no
+    lock: it reads one committed checkpoint and writes only into its own ``--result_dir``.
+
+    Returns:
+        The lock (release it when the average is written), or None where the dir is read-only to this user (no job
+        of this user can write there either).
+
+    Raises:
+        ConfigError: a job holds the dir (naming it, its pid, host and start).
+    """
+    lock = DirLock(model_dir, _record("averaging"))
+    try:
+        holder = lock.acquire()
+    except PermissionError:
+        return None
+    except OSError as e:
+        if e.errno == errno.EROFS:
+            return None
+        raise ConfigError(f"--src_path {model_dir}: {e.strerror} ({e.filename})") from None
+    if holder is not None:
+        raise ConfigError(f"--src_path {model_dir} is in use by a {holder.get('command', 'training')} job "
+                          f"({_who(holder)}): average its epochs once it has ended (they are still being written)")
+    return lock
+
+
+def _record(command: str) -> dict[str, Any]:
+    """What a lock's holder writes in the lock file, for a refused job to quote."""
+    return {"command": command, "host": socket.gethostname(), "pid": os.getpid(),
+            "since": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
 def plan_model_dir(model_dir: str, checkpoint: str | None, start_over: bool,

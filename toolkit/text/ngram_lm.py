@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gzip
 import math
-from typing import NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import kenlm
 
@@ -61,7 +61,7 @@ def arpa_vocabulary(path: str) -> set[str]:
 
 class WordNgramLM:
     """A word n-gram LM scoring the words of token-id prefixes, for shallow fusion in CTC prefix beam search
-    (:func:`toolkit.models.transformer.search.ctc_prefix_beam_search`, which calls :meth:`start`,
+    (:class:`toolkit.models.transformer.search.CtcPrefixBeamSearch`, which calls :meth:`start`,
     :meth:`extend`, :meth:`bound` and :meth:`finish`).
 
     A hypothesis' LM score is ``weight * ln P(w1 .. wk </s>) + word_bonus * k + oov_penalty * (OOV words)``
@@ -132,12 +132,12 @@ class WordNgramLM:
         out = kenlm.State()
         return LN_10 * self.model.BaseScore(state, word, out), out
 
-    def _word(self, prefix: Sequence[int], start: int) -> str:
-        return normalize_unicode("".join(self.units[i] for i in prefix[start:]).replace(WORD_BOUNDARY, ""))
+    def _word(self, tokens: Iterable[int]) -> str:
+        return normalize_unicode("".join(self.units[i] for i in tokens).replace(WORD_BOUNDARY, ""))
 
     def _close_word(self, part: LMPart, prefix: Sequence[int]) -> tuple[float, kenlm.State]:
         """Fused score and state after the open word of ``part``; no change when it spells no character."""
-        word = self._word(prefix, part.word_start)
+        word = self._word(prefix[part.word_start:])
         if not word:
             return part.closed, part.state
         log_p, state = self._log_p(part.state, word)
@@ -176,7 +176,7 @@ class WordNgramLM:
             part = part._replace(spelt=spelt, spelling_state=state)
         if not self.checks_words:
             return part
-        word = self._word((*prefix, token), part.word_start)
+        word = self._word((*prefix[part.word_start:], token))
         if word and word not in self.word_beginnings:
             return part._replace(score=part.closed + self.oov_penalty + self.weight * part.spelt)
         return part._replace(score=part.closed)

@@ -22,9 +22,11 @@ import glob
 import logging
 import math
 import os
+import pickle
 import re
 import secrets
 import shutil
+import zipfile
 from typing import Any, Callable, Mapping
 
 import torch
@@ -93,16 +95,40 @@ def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: ``path`` or its committed ``.yaml`` is missing (an interrupted save).
+        ConfigError: ``path`` is not a readable checkpoint: truncated, not a torch save (``torch.save`` writes a zip
+            archive), not a dict or without a ``model`` entry; one line naming the file and the reason.
     """
     yaml_path = info_path(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if not os.path.exists(yaml_path):
         raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    state = read_torch_file(path, mmap)
+    if not isinstance(state, dict):
+        raise ConfigError(f"{path} {UNREADABLE}: it holds a {type(state).__name__}, not a dict")
     if MODEL_KEY not in state:
-        raise KeyError(f"{path}: no '{MODEL_KEY}' entry; keys are {sorted(state)}")
+        raise ConfigError(f"{path} {UNREADABLE}: no '{MODEL_KEY}' entry; keys are {sorted(map(str, state))}")
     return state
+
+
+UNREADABLE = "is not a readable checkpoint (truncated or not a torch save)"
+
+
+def read_torch_file(path: str, mmap: bool = False) -> Any:
+    """What ``torch.save`` wrote at ``path`` (a checkpoint, a DeepSpeed shard), loaded onto the CPU.
+
+    Raises:
+        ConfigError: ``path`` is cut short or not a torch save (``torch.save`` writes a zip archive): one line,
+            ``<path> is not a readable checkpoint (truncated or not a torch save): <reason>``.
+    """
+    # NOTE: checked first, since torch's own errors for these (a cut file, random bytes) differ with mmap and read
+    # as internal errors ("PytorchStreamReader failed ..."; "mmap can only be used with files saved with ...")
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(f"{path} {UNREADABLE}: no zip directory at its end, where torch.save writes one")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        raise ConfigError(f"{path} {UNREADABLE}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
 def check_model_state(shapes: Mapping[str, tuple[int, ...]], saved: Mapping[str, Any], path: str) -> None:
@@ -130,9 +156,22 @@ def check_model_state(shapes: Mapping[str, tuple[int, ...]], saved: Mapping[str,
 
 
 def load_info(path: str) -> dict[str, Any]:
-    """Read the metadata YAML of checkpoint ``path`` (``x.pt`` or ``x.yaml``)."""
-    with open(info_path(path), encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+    """Read the metadata YAML of checkpoint ``path`` (``x.pt`` or ``x.yaml``).
+
+    Raises:
+        OSError: the YAML cannot be read.
+        ConfigError: it is not UTF-8 YAML holding a mapping (cut short, overwritten): one line naming it.
+    """
+    yaml_path = info_path(path)
+    try:
+        with open(yaml_path, encoding="utf-8") as f:
+            info = yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{yaml_path} is not a readable checkpoint record: {' '.join(str(e).split())}") from e
+    if info is not None and not isinstance(info, dict):
+        raise ConfigError(f"{yaml_path} is not a readable checkpoint record: it holds a {type(info).__name__}, "
+                          "not a mapping")
+    return info or {}
 
 
 def finite_cv_loss(info: dict[str, Any]) -> float | None:

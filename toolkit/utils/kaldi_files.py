@@ -6,14 +6,16 @@ from toolkit.utils.unicode_text import normalize_unicode
 
 
 def read_table(path: str, text: bool = False) -> dict[str, str]:
-    """``key rest-of-line`` per line -> ``{key: rest}`` in file order; a key alone maps to ``""`` (an empty
-    transcript). Blank lines are skipped. With ``text`` (a ``text`` file, or hypotheses: values are transcripts),
+    """``key rest-of-line`` per line -> ``{key: rest}`` in file order. Blank lines are skipped. In a ``text``
+    file a key alone maps to ``""`` (an empty transcript); in any other table (``wav.scp``: the path) it is an
+    error. With ``text`` (a ``text`` file, or hypotheses: values are transcripts),
     each value is Unicode-normalised (:func:`toolkit.utils.unicode_text.normalize_unicode`); keys and other values
     (``wav.scp`` paths) are kept byte for byte.
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: a key is repeated, or the file is not UTF-8 (the message names the file and line).
+        ValueError: a key is repeated or, unless ``text``, alone on its line; or the file is not UTF-8 (the message
+            names the file and line).
     """
     table: dict[str, str] = {}
     first_line: dict[str, int] = {}
@@ -27,6 +29,8 @@ def read_table(path: str, text: bool = False) -> dict[str, str]:
                 continue
             if parts[0] in table:
                 raise ValueError(f"{path}:{number}: key {parts[0]!r} repeats line {first_line[parts[0]]}")
+            if len(parts) == 1 and not text:
+                raise ValueError(f"{path}:{number}: key {parts[0]!r} has no value: expected 'key value'")
             value = parts[1].strip() if len(parts) == 2 else ""
             table[parts[0]] = normalize_unicode(value) if text else value
             first_line[parts[0]] = number

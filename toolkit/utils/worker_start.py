@@ -1,6 +1,8 @@
 """How the toolkit's worker processes start (DataLoader workers, the process pools of ``tools/``): forked while the
 calling process runs no other thread, from a forkserver otherwise; and the script shapes a forkserver cannot serve,
-refused at once with one line saying what to do.
+refused at once with one line saying what to do; how a worker logs: as the process that started it
+(:class:`LogSetup`, :func:`start_worker_logging`); and a pool's workers and torchrun's ranks end with the process
+that started them, killed or not (:func:`stop_with_parent`).
 
 Forking is what makes a user's script work in any shape (a file without ``if __name__ == "__main__":``, ``python -``,
 ``python -c``): the child has the parent's memory, so it runs none of the main module again and has every class the
@@ -16,10 +18,14 @@ own) is not seen; the known ones of the toolkit's processes are gloo's, under th
 of OpenBLAS/OpenMP (present once numpy or torch is imported) never enter Python and handle a fork themselves.
 """
 import ast
+import ctypes
+import dataclasses
 import functools
+import logging
 import multiprocessing
 import multiprocessing.context
 import os
+import signal
 import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
@@ -59,6 +65,88 @@ def worker_context(sent: object, what: str, serial: str) -> multiprocessing.cont
               "a fork can hang"
         raise WorkerStartError(f"{why}, and {problem}, or {serial}")
     return multiprocessing.get_context("forkserver")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSetup:
+    """This process's logging, as a worker can rebuild it: the root logger's level and, for each root handler
+    writing to stderr, stdout or a file, ``(destination, formatter, level)`` with destination ``"<stderr>"``,
+    ``"<stdout>"`` or the file's absolute path. Handlers of other kinds (a queue, a test's capture) are left out."""
+    level: int
+    handlers: tuple
+
+    @classmethod
+    def of_this_process(cls) -> "LogSetup":
+        root, handlers = logging.getLogger(), []
+        for handler in root.handlers:
+            if isinstance(handler, logging.FileHandler):
+                handlers.append((handler.baseFilename, handler.formatter, handler.level))
+            elif type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.stdout):
+                handlers.append(("<stderr>" if handler.stream is sys.stderr else "<stdout>", handler.formatter,
+                                 handler.level))
+        return cls(root.level, tuple(handlers))
+
+
+def start_worker_logging(setup: LogSetup) -> None:
+    """Worker side (a loader's ``worker_init_fn``, a pool's ``initializer``): log as the process that started the
+    workers (``setup``: :meth:`LogSetup.of_this_process` there), to the same destinations in the same format, so
+    that a line a worker logs (a skipped utterance's key and reason) reaches that process's log once, with its
+    time, rank and level.
+
+    NOTE: a worker started from the forkserver inherits no handler, and Python's last-resort handler printed its
+    warnings bare (no time, rank or level: a ``grep`` of the log for a skip found none of them) and dropped its
+    info lines. A forked worker has the parent's handler objects already (a test's capture included) and keeps
+    them. Files are opened for appending, like the parent's.
+    """
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    for destination, formatter, level in setup.handlers:
+        if destination in ("<stderr>", "<stdout>"):
+            handler = logging.StreamHandler(sys.stderr if destination == "<stderr>" else sys.stdout)
+        else:
+            handler = logging.FileHandler(destination, mode="a", encoding="utf-8")
+        handler.setFormatter(formatter)
+        handler.setLevel(level)
+        root.addHandler(handler)
+    root.setLevel(setup.level)
+
+
+# <linux/prctl.h>: the signal a process gets when the thread that started it ends (its parent's end, here).
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent() -> None:
+    """End this process (SIGKILL) as soon as its parent ends, however it ends, ``kill -9`` included: a worker (a
+    pool's, a torchrun rank) whose parent is gone has nobody to report to, and would otherwise run on, orphaned
+    (a ``ProcessPoolExecutor``'s workers wait for work for good). Linux only (``prctl(PR_SET_PDEATHSIG)``, the
+    kernel's), elsewhere nothing. Call it first thing in the worker (a pool's ``initializer``).
+
+    NOTE: the kernel signals when the *thread* that started the process ends, so the starter must start it from a
+    thread that lives as long as the process should: torchrun's agent starts its ranks from its main thread, and
+    the toolkit's pools start their workers from the thread that waits for their results. A parent that ended
+    before this call left the process with another parent already (init, pid 1, or a subreaper): under pid 1 the
+    process ends here; under a subreaper it is not seen (the parent must have died in the seconds between
+    starting the process and this call).
+
+    Raises:
+        OSError: ``prctl`` refused (it does not for a valid signal).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if parent == 1 or os.getppid() != parent:  # the parent ended before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def start_pool_worker(setup: LogSetup) -> None:
+    """A tool's pool worker (a ``ProcessPoolExecutor``'s ``initializer``): it ends with its parent
+    (:func:`stop_with_parent`) and logs as the process that started it (:func:`start_worker_logging`)."""
+    stop_with_parent()
+    start_worker_logging(setup)
 
 
 def _forkserver_problem(sent: object) -> str | None:

@@ -136,7 +136,8 @@ for o in "${extra[@]}"; do [ -n "${o// }" ] && train_overrides+=(--override_conf
 # Checked now by the trainer's --check_only, in one Python start (each is seconds): the decoding modes by the model's
 # own list (lm_used: whether one of them decodes with the LM); with stage 4 in the range, the config and overrides
 # (the optimizer and LR schedule built on a stand-in parameter: a typo is one line before any work, not one per rank
-# and torchrun's traceback), --train_engine with --deepspeed_config, train_conf.dtype on this machine, --checkpoint,
+# and torchrun's traceback), --train_engine with --deepspeed_config, train_conf.dtype on this machine, --checkpoint
+# (and the one --checkpoint auto picks: its model against the config's, once the dictionary and CMVN stats exist),
 # and what stage 4 would refuse in --dir (an earlier run there, without --checkpoint auto or --start_over), so that the
 # averaging is checked against the epochs this run will train, not after them, and a refusal comes before stages
 # -1..3; and the number of GPUs.
@@ -242,11 +243,12 @@ if (( stage <= 3 && stop_stage >= 3 )); then
   done
 fi
 
+# The launcher (and so its ranks) ends with this script, even killed with kill -9 (TOOLKIT_STOP_WITH_PARENT)
 if [ "$num_nodes" -gt 1 ]; then  # each job below adds --nproc_per_node (and its own --rdzv_id)
-  launcher=(python -m toolkit.bin.launch --nnodes="$num_nodes" --rdzv_backend=c10d --rdzv_endpoint="$HOST_NODE_ADDR"
-            --rdzv_conf="join_timeout=$rdzv_timeout_s")
+  launcher=(env TOOLKIT_STOP_WITH_PARENT=1 python -m toolkit.bin.launch --nnodes="$num_nodes" --rdzv_backend=c10d
+            --rdzv_endpoint="$HOST_NODE_ADDR" --rdzv_conf="join_timeout=$rdzv_timeout_s")
 else
-  launcher=(python -m toolkit.bin.launch --standalone --nnodes=1)
+  launcher=(env TOOLKIT_STOP_WITH_PARENT=1 python -m toolkit.bin.launch --standalone --nnodes=1)
 fi
 job_id() { [ "$num_nodes" -gt 1 ] && echo "--rdzv_id=toolkit-english-$1"; true; }
 # torchrun (toolkit.bin.launch: a refusal of the ranks is one line, not torchrun's traceback), with one line saying

@@ -27,6 +27,7 @@ from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
 from toolkit.engine import init_engine
 from toolkit.engine.train_conf import resolve_train_conf
+from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.scheduler import WarmupLR, init_optimizer_and_scheduler
 
 from test.helpers import write_rank_report
@@ -175,7 +176,7 @@ report = {"rank": ctx.rank}
 if args.resume:
     try:
         engine.load(args.resume)
-    except FileNotFoundError as e:
+    except ConfigError as e:
         with open(os.path.join(args.out_dir, f"error_rank{ctx.rank}.txt"), "w") as f:
             f.write(str(e))
         destroy_distributed()

@@ -10,6 +10,7 @@ import yaml
 from toolkit.bin.average_model import average_checkpoints, main, select_checkpoints
 from toolkit.utils.checkpoint import load_checkpoint, load_info, save_checkpoint
 from toolkit.utils.config_parsing import ConfigError
+from toolkit.utils.dir_lock import LOCK_FILE, DirLock
 
 
 def write_epochs(tmp_path, cv_losses):
@@ -163,3 +164,37 @@ def test_a_checkpoint_reached_under_two_names_is_averaged_once(tmp_path, link, c
     assert torch.equal(load_checkpoint(dst)["model"]["w"], torch.full((2,), 2.5))  # epochs 2 and 3, once each
     assert load_info(dst)["averaged"] == [str(tmp_path / "epoch_2.pt"), str(tmp_path / "epoch_3.pt")]
     assert "epoch_3.pt, epoch_best.pt (one file): counted once, as epoch_3.pt" in caplog.text
+
+
+@pytest.mark.parametrize("record, reason", [(b"\xff\xfe\x00garbage", "'utf-8' codec can't decode byte 0xff"),
+                                            (b"epoch: [1, 2\n", "while parsing a flow sequence"),
+                                            (b"- 1\n- 2\n", "it holds a list, not a mapping")])
+def test_a_damaged_checkpoint_record_is_one_line_naming_it(tmp_path, record, reason):
+    write_epochs(tmp_path, [3.0, 2.0])
+    (tmp_path / "epoch_1.yaml").write_bytes(record)
+    with pytest.raises(ConfigError) as refusal:
+        main(["--src_path", str(tmp_path), "--num", "2", "--val_best", "--dst_model", str(tmp_path / "avg.pt")])
+    message = str(refusal.value)
+    assert message.startswith(f"{tmp_path / 'epoch_1.yaml'} is not a readable checkpoint record: ")
+    assert "\n" not in message and reason in message and not (tmp_path / "avg.pt").exists()
+
+
+def test_averaging_is_refused_while_a_training_job_holds_the_model_dir(tmp_path):
+    # the holder is this test process; the averaging runs in its own, as run.sh's stage 5 does
+    write_epochs(tmp_path, [2.0, 1.0])
+    training = DirLock(str(tmp_path), {"command": "training", "host": "node0", "pid": os.getpid(), "since": "now"})
+    assert training.acquire() is None
+    cmd = [sys.executable, "-m", "toolkit.bin.average_model", "--src_path", str(tmp_path), "--num", "2",
+           "--dst_model", str(tmp_path / "avg_2.pt")]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert (f"--src_path {tmp_path} is in use by a training job (pid {os.getpid()} on node0, since now): average "
+                "its epochs once it has ended") in proc.stderr
+        assert not (tmp_path / "avg_2.pt").exists()
+    finally:
+        training.release()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert torch.equal(load_checkpoint(str(tmp_path / "avg_2.pt"))["model"]["w"], torch.full((2,), 0.5))
+    assert not (tmp_path / LOCK_FILE).exists()  # released as it ended

@@ -89,3 +89,42 @@ def test_train_refuses_a_missing_input_before_it_starts_a_rank(tmp_path, option)
                given["--checkpoint"], "--override_config", "tokenizer_conf.symbol_table_path none.txt")
     assert_one_line(proc, f"{option} {tmp_path / 'nope'}: no such file")
     assert "rank 0/1" not in proc.stderr and not (tmp_path / "exp").exists()  # no process group was started
+
+
+def _corrupt(path, kind: str) -> str:
+    """``path`` (a committed checkpoint) damaged as ``kind`` says; the reason the refusal gives."""
+    data = open(path, "rb").read()
+    if kind == "truncated":  # a copy cut short (a full disk, an interrupted scp)
+        open(path, "wb").write(data[:len(data) // 2])
+        return "no zip directory at its end, where torch.save writes one"
+    if kind == "random_bytes":
+        open(path, "wb").write(torch.randint(0, 256, (len(data),), generator=torch.Generator().manual_seed(0),
+                                             dtype=torch.uint8).numpy().tobytes())
+        return "no zip directory at its end, where torch.save writes one"
+    torch.save([torch.zeros(2)], path)  # a torch save, but not a checkpoint
+    return "it holds a list, not a dict"
+
+
+@pytest.mark.parametrize("kind", ["truncated", "random_bytes", "not_a_dict"])
+@pytest.mark.parametrize("command", ["recognize", "average_model", "train"])
+def test_a_corrupt_checkpoint_is_one_line_naming_the_file_at_every_entry_point(checkpoint_of_a_96_wide_model, kind,
+                                                                                command):
+    # The case: a damaged .pt gave a torch traceback (PytorchStreamReader ..., invalid load key, 'list' object is
+    # not subscriptable) at decoding, averaging and resume alike.
+    tmp_path, _ = checkpoint_of_a_96_wide_model
+    exp = tmp_path / "exp"
+    (exp / "epoch_1.pt").write_bytes((exp / "epoch_0.pt").read_bytes())
+    (exp / "epoch_1.yaml").write_bytes((exp / "epoch_0.yaml").read_bytes())
+    reason = _corrupt(exp / "epoch_1.pt", kind)
+    data = str(tmp_path / "test.list")
+    args = {"recognize": ["-m", "toolkit.bin.recognize", "--config", str(exp / "train.yaml"), "--checkpoint",
+                          str(exp / "epoch_1.pt"), "--test_data", data, "--result_dir", str(tmp_path / "dec"),
+                          "--modes", "ctc_greedy_search"],
+            "average_model": ["-m", "toolkit.bin.average_model", "--src_path", str(exp), "--num", "2",
+                              "--dst_model", str(tmp_path / "avg.pt")],
+            "train": ["-m", "toolkit.bin.train", "--config", str(exp / "train.yaml"), "--train_data", data,
+                      "--cv_data", data, "--model_dir", str(tmp_path / "new_exp"), "--checkpoint",
+                      str(exp / "epoch_1.pt")]}[command]
+    assert_one_line(run(*args), f"{exp / 'epoch_1.pt'} is not a readable checkpoint (truncated or not a torch "
+                                f"save): {reason}")
+    assert not any((tmp_path / name).exists() for name in ("dec", "avg.pt", "new_exp"))

@@ -3,10 +3,14 @@ encodings' 5000 stored positions (the long-clip-decode case: 205 s, 5,125 encode
 and the transcript is the reference of the score, never an input (the decode-empty-transcript case): an empty one,
 one of units outside the dictionary and one over ``token_max_length`` are decoded like the others and scored; a
 batch that runs out of memory is decoded an utterance at a time, and one that does not fit alone is skipped, named and
-counted."""
+counted; and decoding into a model dir that a training job holds leaves its lock alone."""
 
 import argparse
 import json
+import os
+import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,9 +19,11 @@ import soundfile as sf
 import torch
 
 from toolkit.bin.recognize import decode_share
+from toolkit.utils.dir_lock import LOCK_FILE, DirLock
 from toolkit.utils.metrics import score
 
 from test.helpers import REPO_ROOT
+from test.multiprocess.workers.recipe_data import ENV
 from test.multiprocess.workers.recognize_setup import fsdd_test_entries, run_recognize, write_list, write_model
 
 LONG_S = 205.0  # 20,500 fbank frames, 5,125 encoder frames after conv2d: past the 5,000 stored positions
@@ -94,3 +100,47 @@ def test_a_batch_out_of_memory_is_decoded_one_utterance_at_a_time_and_one_too_bi
     assert results.hyps == {mode: ["[5]", "[6]", "[3]", "[2]", "[2]"] for mode in args.modes}
     assert model.batch_sizes == [3, 1, 1, 1, 1, 1, 2] and counted == [3, 1, 2]  # huge: whole, then alone
     assert "skipping utterance huge: out_of_memory (200 fbank frames do not fit on cpu alone)" in caplog.text
+
+
+@pytest.mark.multiprocess  # torchrun with 2 ranks, each with 2 loader workers: ~40 s on 2 busy cores
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_every_unreadable_utterance_is_named_once_in_the_decoding_log(tmp_path, nproc):
+    # The case: a test list whose FIRST line's audio is missing (and two later ones unreadable): the skip count was
+    # right, but the loader workers (from the forkserver in a decoding rank) logged without the log's format.
+    model = write_model(tmp_path)
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt not audio")
+    entries = fsdd_test_entries()[:8]
+    bad = {0: ("missing_audio", str(tmp_path / "gone.wav")), 4: ("unreadable_audio", str(tmp_path / "corrupt.wav")),
+           7: ("missing_audio", str(tmp_path / "gone_too.wav"))}
+    rows = [dict(entry, wav=bad[i][1]) if i in bad else entry for i, entry in enumerate(entries)]
+    proc = run_recognize(nproc, model, write_list(tmp_path / "test.list", rows), tmp_path / "dec",
+                         "--override_config", "dataset_conf.dataloader_conf.num_workers 2",
+                         modes=["ctc_greedy_search"])
+    summary = json.loads((tmp_path / "dec" / "decode_summary.json").read_text())
+    assert summary["skipped"] == {"missing_audio": 2, "unreadable_audio": 1}
+    assert summary["utterances"]["decoded"] == 5
+    named = sorted(re.search(r" rank\d WARNING skipping utterance (\S+): (\w+) ", line).groups()
+                   for line in proc.stderr.splitlines() if "skipping utterance" in line)
+    assert named == sorted((entries[i]["key"], reason) for i, (reason, _) in bad.items()), proc.stderr[-3000:]
+
+
+def test_decoding_into_a_model_dir_a_training_job_holds_leaves_its_lock_alone(tmp_path):
+    # decoding a committed checkpoint while training goes on is legitimate: it neither takes nor breaks the lock
+    model = write_model(tmp_path)
+    model_dir = os.path.dirname(model[0])
+    training = DirLock(model_dir, {"command": "training", "host": "node0", "pid": os.getpid(), "since": "now"})
+    assert training.acquire() is None
+    try:
+        before = os.stat(os.path.join(model_dir, LOCK_FILE))
+        result_dir = os.path.join(model_dir, "test_fsdd")
+        run_recognize(1, model, write_list(tmp_path / "test.list", fsdd_test_entries()[:2]), result_dir,
+                      modes=["ctc_greedy_search"])
+        assert json.loads(open(os.path.join(result_dir, "decode_summary.json")).read())["utterances"]["decoded"] == 2
+        after = os.stat(os.path.join(model_dir, LOCK_FILE))
+        assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+        other = subprocess.run([sys.executable, "-c", "import sys; from toolkit.utils.dir_lock import DirLock; "
+                                "print(DirLock(sys.argv[1], {}).acquire())", model_dir],
+                               capture_output=True, text=True, timeout=60, env=ENV)
+        assert other.stdout.strip() == repr(training.record), other.stderr  # still held, by the training job
+    finally:
+        training.release()

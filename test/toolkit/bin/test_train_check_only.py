@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from toolkit.bin.train import main
+from toolkit.utils.checkpoint import load_checkpoint, save_checkpoint
 from toolkit.utils.config_parsing import ConfigError
 
 from test.helpers import REPO_ROOT
+from test.multiprocess.workers.recognize_setup import write_model
 
 CONF = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf", "train_tiny.yaml")
 
@@ -77,3 +79,50 @@ def test_a_model_dir_holding_a_run_is_checked_as_the_run_would_check_it(tmp_path
         assert capsys.readouterr().out == f"0 {torch.cuda.device_count()} 0\n"
     main(["--check_only", "--model_dir", str(tmp_path / "new")])  # a dir to be made
     assert sorted(os.listdir(tmp_path)) == ["exp"] and os.listdir(exp) == ["train.yaml"]
+
+
+def test_a_checkpoint_with_a_damaged_record_is_refused_before_any_rank(tmp_path):
+    save_checkpoint(str(tmp_path / "epoch_2.pt"), {"model": {}}, {"epoch": 2})
+    (tmp_path / "epoch_2.yaml").write_text("epoch: [2\n")  # overwritten by something else
+    with pytest.raises(SystemExit) as stop:
+        main(["--check_only", "--config", CONF, "--checkpoint", str(tmp_path / "epoch_2.pt")])
+    assert str(stop.value.code).startswith(f"{tmp_path / 'epoch_2.yaml'} is not a readable checkpoint record: ")
+
+
+@pytest.fixture(scope="module")
+def epoch_0(tmp_path_factory):
+    """``exp/epoch_0.pt`` (committed) of train_tiny.yaml's model (encoder width 96), with its dictionary and CMVN
+    stats, and the overrides that point the config at them."""
+    data = tmp_path_factory.mktemp("data")
+    _, init = write_model(data)
+    exp = data / "exp"
+    exp.mkdir()
+    save_checkpoint(str(exp / "epoch_0.pt"), load_checkpoint(init), {"epoch": 0, "step": 5, "cv_loss": 9.0})
+    inputs = [f"tokenizer_conf.symbol_table_path {data / 'units.txt'}", f"cmvn_conf.cmvn_file {data / 'cmvn'}"]
+    return exp, [arg for item in inputs for arg in ("--override_config", item)]
+
+
+@pytest.mark.parametrize("how", ["given", "auto"])
+def test_a_checkpoint_of_another_model_is_refused_with_the_ranks_one_line(epoch_0, capsys, how):
+    exp, inputs = epoch_0
+    checkpoint = ["--checkpoint", str(exp / "epoch_0.pt")] if how == "given" else ["--checkpoint", "auto"]
+    args = ["--check_only", "--config", CONF, *inputs, "--model_dir", str(exp), *checkpoint]
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--override_config", "encoder_conf.output_size 64"])
+    # what a rank's resume says (test_train_model_dir.py, through check_model_state), before any rank starts
+    assert str(stop.value.code) == (
+        f"{exp}/epoch_0.pt holds another model than this config's: encoder.embed.out.weight is (96, 608) in the "
+        "checkpoint, (64, 608) in this config's model (104 keys differ); use the config it was trained with (the "
+        "train.yaml beside it)")
+    main(args)  # the config it was trained with
+    assert capsys.readouterr().out == f"15 {torch.cuda.device_count()} 0\n"
+
+
+def test_without_its_dictionary_yet_the_model_is_left_to_the_ranks(epoch_0, tmp_path, capsys):
+    # run.sh from stage 2: the symbol table the model's size needs is made by this run; the ranks compare then
+    exp, inputs = epoch_0
+    main(["--check_only", "--config", CONF, *inputs, "--override_config", "encoder_conf.output_size 64",
+          "--override_config", f"tokenizer_conf.symbol_table_path {tmp_path / 'units.txt'}",
+          "--checkpoint", str(exp / "epoch_0.pt")])
+    assert capsys.readouterr().out == f"15 {torch.cuda.device_count()} 0\n"
+

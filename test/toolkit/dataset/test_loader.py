@@ -1,7 +1,9 @@
 """The DataLoader's workers (toolkit/dataset/loader.py): started from a forkserver beside other threads, ended with
 their loader's process."""
 import ctypes
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,7 +103,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("shape", ["rank", "script"])
 def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, tokenizer, shape):
     # The case: a rank killed with SIGKILL mid-epoch. torch's watchdog in a worker watches its parent pid, which
-    # for a forkserver child is the server; without end_with_the_loader the workers (and the server) lived on.
+    # for a forkserver child is the server; without start_worker's thread the workers (and the server) lived on.
     # A script without other threads forks its workers.
     data_list, _ = fsdd_list(tmp_path, 12)
     script = tmp_path / "loader_then_sleep.py"
@@ -123,3 +125,70 @@ def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, 
         assert not any(map(_alive, workers)), "a worker outlived the process that iterated its loader"
     finally:
         proc.kill()
+
+
+LOG_SKIPS = """
+import collections, json, logging, sys, threading
+from toolkit.dataset import build_dataloader, build_dataset
+from toolkit.text.tokenizer import CharTokenizer
+if __name__ == "__main__":
+    data_list, table, num_workers, start, log = sys.argv[1:]
+    if start == "forkserver":  # another thread, as a rank has
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank0 %(levelname)s %(message)s",
+                        handlers=[logging.FileHandler(log), logging.StreamHandler()])
+    conf = {"batch_conf": {"batch_size": 2}, "dataloader_conf": {"num_workers": int(num_workers)}}
+    report = {}
+    for mode in ("train", "cv", "test"):
+        loader = build_dataloader(build_dataset(data_list, CharTokenizer(table), conf, mode=mode))
+        skipped, keys = collections.Counter(), []
+        for batch in loader:
+            skipped.update(batch["num_skipped"])
+            keys += batch["keys"]
+        method = loader.multiprocessing_context.get_start_method() if loader.num_workers else None
+        report[mode] = {"skipped": skipped, "keys": sorted(keys), "start": method}
+        logging.info("end of %s", mode)
+    print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("num_workers,start", [(0, None), (1, "fork"), (2, "fork"), (1, "forkserver"),
+                                               (2, "forkserver")])
+def test_every_skipped_utterance_is_named_once_in_the_log_whatever_the_workers(tmp_path, tokenizer, num_workers,
+                                                                               start):
+    # The case: a test list whose FIRST line's audio is missing; the count was right, but the workers (started from
+    # the forkserver in every rank) had no log handler, so their skip lines bypassed the log's format (time, rank,
+    # level) and its file. Each skip is now one line of the main process's format, in each of its destinations, in
+    # training, CV and decoding alike.
+    data_list, keys = fsdd_list(tmp_path, 8)
+    lines = Path(data_list).read_text().splitlines()
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt not audio")
+    bad = {0: ("missing_audio", tmp_path / "gone_first.wav"), 4: ("unreadable_audio", tmp_path / "corrupt.wav"),
+           7: ("missing_audio", tmp_path / "gone_last.wav")}
+    for index, (_, wav) in bad.items():
+        lines[index] = lines[index].replace(json.loads(lines[index])["wav"], str(wav))
+    Path(data_list).write_text("\n".join(lines) + "\n")
+    script, log = tmp_path / "log_skips.py", tmp_path / "run.log"
+    script.write_text(LOG_SKIPS)
+    proc = subprocess.run([sys.executable, str(script), data_list, tokenizer.symbol_table_path, str(num_workers),
+                           str(start), str(log)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    expected_skips = {"missing_audio": 2, "unreadable_audio": 1}
+    good = sorted(key for index, key in enumerate(keys) if index not in bad)
+    for mode, seen in report.items():
+        assert seen == {"skipped": expected_skips, "keys": good, "start": start}, mode
+    in_file = log.read_text().splitlines()
+    in_stderr = [line for line in proc.stderr.splitlines() if " rank0 " in line]
+    assert sorted(in_file) == sorted(in_stderr)  # two workers' lines may interleave differently in each
+    modes = [[]]
+    for line in in_file:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} rank0 (INFO|WARNING) .*", line), line
+        modes[-1].append(line) if " end of " not in line else modes.append([])
+    assert len(modes) == 4 and modes[-1] == []
+    for mode_lines in modes[:3]:
+        named = sorted(re.search(r"WARNING skipping utterance (\S+): (\w+) ", line).groups()
+                       for line in mode_lines if "skipping utterance" in line)
+        assert named == sorted((keys[index], reason) for index, (reason, _) in bad.items())
+    # nothing of a worker bypassed the format (Python's last-resort handler writes the message alone)
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("skipping")]

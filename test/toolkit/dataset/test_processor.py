@@ -279,7 +279,8 @@ def test_parse_raw():
     for bad in ('{"key": "a"', '["a", "b"]', '{"key": "a", "wav": 3, "txt": "HI"}',
                 '{"key": "a", "wav": "w", "txt": "HI", "start": 2, "end": 1}',
                 '{"key": "a", "wav": "w", "txt": "HI", "start": 1}',
-                '{"key": "a", "wav": "w", "txt": "HI", "start": "0", "end": 1}'):
+                '{"key": "a", "wav": "w", "txt": "HI", "start": "0", "end": 1}',
+                '{"key": "a", "wav": "", "txt": "HI"}', '{"key": "", "wav": "w", "txt": "HI"}'):
         with pytest.raises(SkipSample, match="bad_line"):
             processor.parse_raw({"line": bad})
 

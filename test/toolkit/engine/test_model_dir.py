@@ -170,3 +170,18 @@ def test_an_elastic_restart_waits_for_its_own_earlier_attempt_to_let_go(tmp_path
     finally:
         lock.release()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_training_job_is_refused_while_an_average_is_made_in_its_dir(tmp_path):
+    averaging = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                                  "from toolkit.engine.model_dir import lock_for_averaging\n"
+                                  "lock_for_averaging(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(60)",
+                                  str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        assert averaging.stdout.readline() == "locked\n"
+        with pytest.raises(ConfigError, match=rf"^--model_dir {tmp_path} is in use by another averaging job "
+                                              rf"\(pid {averaging.pid} on .*, since .*\); wait for it to end"):
+            lock_model_dir(DistContext(run_id="job-a"), str(tmp_path))
+    finally:
+        averaging.kill()
+        averaging.wait(timeout=30)

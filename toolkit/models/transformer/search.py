@@ -1,16 +1,17 @@
-"""Decoding algorithms for the hybrid CTC/attention model, as plain functions.
+"""Decoding algorithms for the hybrid CTC/attention model.
 
 - CTC greedy search: best token per frame, merge repeats, drop blanks (Graves et al., 2006).
 - CTC prefix beam search: sum over alignments of each label prefix (Graves, 2012, "Supervised
   Sequence Labelling", section 7.5; Hannun et al., 2014, arXiv:1408.2873), optionally fused with a
-  word n-gram LM (:class:`PrefixLM`).
+  word n-gram LM (:class:`PrefixLM`); fed chunk by chunk for streaming (:class:`CtcPrefixBeamSearch`,
+  partial hypotheses after each chunk), or a whole utterance at once (:func:`ctc_prefix_beam_search`).
 - Attention beam search: left-to-right beam search with the attention decoder.
 - Attention rescoring: CTC prefix beam n-best rescored by the attention decoder (as in WeNet,
   Yao et al., 2021, arXiv:2102.01547, section 2.2).
 """
 import heapq
 import math
-from typing import Any, Iterable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -54,15 +55,86 @@ def ctc_greedy_search(ctc_log_probs: torch.Tensor, lengths: torch.Tensor) -> lis
 
 class Hypothesis(NamedTuple):
     """One entry of a CTC prefix beam search n-best list: token ids, log P_ctc(tokens | x), and the fused LM
-    score of the tokens (0.0 without an LM)."""
+    score of the tokens (0.0 without an LM; see :class:`CtcPrefixBeamSearch` for what it holds in a partial
+    n-best)."""
     tokens: list[int]
     ctc_score: float
     lm_score: float = 0.0
 
 
+class Prefix(Sequence[int]):
+    """A label prefix of CTC prefix beam search, as a node of a trie: its last token and the prefix one token
+    shorter (``parent``), shared with every other prefix that extends it, so that extending a prefix, hashing it
+    and telling the parent are O(1) whatever its length (a tuple costs O(length) for each, which made the search
+    quadratic in the utterance's length).
+
+    Two nodes holding the same tokens are equal and hash alike (the hash is computed once, from the parent's and
+    the token; equality walks back from the ends to the first node they share): a prefix can leave the beam while
+    its extension stays, and come back as a new node whose extension must meet the old one. As a ``Sequence[int]``
+    of the token ids, ``len`` costs O(1) and reading item ``i`` or a slice from ``i`` costs O(length - i): read
+    near the end (an LM's open word, its last n - 1 tokens); iterating reads the whole prefix.
+    """
+    __slots__ = ("parent", "token", "length", "_hash")
+
+    def __init__(self, parent: "Prefix | None" = None, token: int = BLANK_ID):
+        self.parent, self.token = parent, token  # the root (the empty prefix): no parent, token blank
+        self.length = 0 if parent is None else parent.length + 1
+        self._hash = hash(()) if parent is None else hash((parent._hash, token))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Prefix):
+            return NotImplemented
+        a, b = self, other
+        while a is not b:
+            if a._hash != b._hash or a.length != b.length or a.token != b.token:
+                return False
+            a, b = a.parent, b.parent
+        return True
+
+    def _tail(self, count: int) -> list[int]:
+        """The last ``count`` tokens, last first."""
+        tokens, node = [], self
+        for _ in range(count):
+            tokens.append(node.token)
+            node = node.parent
+        return tokens
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            positions = range(*index.indices(self.length))
+            if not positions:
+                return ()
+            low = min(positions[0], positions[-1])
+            tail = self._tail(self.length - low)
+            return tuple(tail[self.length - 1 - i] for i in positions)
+        if index < 0:
+            index += self.length
+        if not 0 <= index < self.length:
+            raise IndexError(f"prefix index {index} out of range for length {self.length}")
+        return self._tail(self.length - index)[-1]
+
+    def __iter__(self):
+        return reversed(self._tail(self.length))
+
+    def __reversed__(self):
+        return iter(self._tail(self.length))
+
+    def __repr__(self) -> str:
+        return f"Prefix({list(self)})"
+
+
 class PrefixLM(Protocol):
-    """What :func:`ctc_prefix_beam_search` needs of a language model for shallow fusion (implemented by
-    :class:`toolkit.text.ngram_lm.WordNgramLM`): an opaque part per prefix, and its score."""
+    """What :class:`CtcPrefixBeamSearch` needs of a language model for shallow fusion (implemented by
+    :class:`toolkit.text.ngram_lm.WordNgramLM`): an opaque part per prefix, and its score. A part is a function of
+    its prefix alone: the search computes it once per prefix, from the parent's, and carries it from frame to frame
+    and chunk to chunk. ``prefix`` is a :class:`Prefix`: read it near its end (the open word), as reading it whole
+    costs its length at every call, which makes the search quadratic in the utterance's length."""
 
     def start(self) -> Any:
         """The part of the empty prefix (its score is ``part.score``)."""
@@ -77,39 +149,115 @@ class PrefixLM(Protocol):
         """The LM score of ``prefix`` as a complete hypothesis."""
 
 
-def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: PrefixLM | None = None
-                           ) -> list[Hypothesis]:
-    """Prefix beam search over one utterance, optionally fused with a language model.
+class CtcPrefixBeamSearch:
+    """Prefix beam search over one utterance fed chunk by chunk, optionally fused with a language model.
 
-    Each prefix keeps two log-probabilities: all alignments so far ending in blank, and those
-    ending in its last token; a repeated token extends the prefix only after a blank. Per frame
-    only the ``beam_size`` most likely tokens are expanded. With ``lm`` (shallow fusion, as in
-    Hannun et al., 2014, eq. 3), prefixes compete on log P_ctc + their LM score so far (the words
-    they have completed), and the final n-best is ranked on log P_ctc + the LM score of the whole
-    hypothesis (its last word and the end of sentence included); a new prefix is scored by the LM only
-    once :meth:`PrefixLM.bound` says it could enter the beam (the same beam, with a fraction of the work).
+    Each prefix keeps two log-probabilities: all alignments so far ending in blank, and those ending in its last
+    token; a repeated token extends the prefix only after a blank. Per frame only the ``beam_size`` most likely
+    tokens are expanded. With ``lm`` (shallow fusion, as in Hannun et al., 2014, eq. 3), prefixes compete on
+    log P_ctc + their LM score so far (``part.score``: the words they have completed), and the final n-best
+    (:meth:`finish`) is ranked on log P_ctc + the LM score of the whole hypothesis (its last word and the end of
+    sentence included); a new prefix is scored by the LM only once :meth:`PrefixLM.bound` says it could enter the
+    beam (the same beam, with a fraction of the work).
+
+    The search is frame-synchronous and its state (the beam's prefixes, their two log-probabilities and LM parts)
+    is carried between calls, so feeding an utterance's frames in chunks of any size gives exactly the hypotheses
+    and scores of feeding them at once. Time per frame is O(beam_size^2) whatever the number of frames fed (for
+    words of bounded length with an LM: :class:`toolkit.text.ngram_lm.WordNgramLM` reads the open word).
+
+    Partial results (the live captions' contract): :meth:`feed` returns the beam after the frames fed so far, best
+    first, as :class:`Hypothesis` with the prefix's token ids, its ``ctc_score`` (log P_ctc of the prefix over the
+    frames so far, summed over its alignments) and its ``lm_score``: the LM score it competes on (its completed
+    words, plus the penalties :class:`toolkit.text.ngram_lm.WordNgramLM` gives an open word that begins no word of
+    the LM), without its open word's score and the end of sentence, which only :meth:`finish` adds; 0.0 without an
+    LM. The order is that of ``ctc_score + lm_score``. A partial's last word may still change or grow, and a later
+    frame may replace the whole hypothesis.
 
     Args:
-        ctc_log_probs: float32 (T_ctc, V) CTC log-posteriors of the valid CTC frames only.
         beam_size: number of prefixes kept (and tokens expanded) per frame, >= 1.
         lm: language model to fuse, or None.
-
-    Returns:
-        Up to ``beam_size`` hypotheses, best first.
 
     Raises:
         ValueError: ``beam_size`` < 1.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    top_k = min(beam_size, ctc_log_probs.size(1))
-    top_values, top_ids = ctc_log_probs.topk(top_k, dim=1)
-    # prefix -> (log P of its alignments ending in blank, ... ending in its last token)
-    beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, NEG_INF)}
-    # The LM part of the beam's prefixes and of their extensions scored so far (a function of the prefix alone, so
-    # computed once while the prefix can still be asked for; not of every prefix ever scored, which grows with T).
-    lm_parts: dict[tuple[int, ...], Any] = {(): lm.start()} if lm is not None else {}
-    for values, ids in zip(top_values.tolist(), top_ids.tolist()):
+
+    def __init__(self, beam_size: int, lm: PrefixLM | None = None):
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        self.beam_size, self.lm = beam_size, lm
+        root = Prefix()
+        # prefix -> (log P of its alignments ending in blank, ... ending in its last token), best first
+        self._beams: dict[Prefix, tuple[float, float]] = {root: (0.0, NEG_INF)}
+        # The LM part of the beam's prefixes and of their extensions scored so far (a function of the prefix alone,
+        # so computed once while the prefix can still be asked for; not of every prefix ever scored, which grows
+        # with T).
+        self._lm_parts: dict[Prefix, Any] = {root: lm.start()} if lm is not None else {}
+        self._vocab_size: int | None = None
+        self._token_lists_before: dict[Prefix, list[int]] = {}  # :meth:`_token_lists`
+
+    def feed(self, ctc_log_probs: torch.Tensor) -> list[Hypothesis]:
+        """Advance the search by the frames of one chunk.
+
+        Args:
+            ctc_log_probs: float32 (T_chunk, V) CTC log-posteriors of the chunk's valid CTC frames (T_chunk >= 0;
+                V the same in every chunk).
+
+        Returns:
+            The partial n-best after these frames: up to ``beam_size`` hypotheses, best first (see the class).
+
+        Raises:
+            ValueError: ``ctc_log_probs`` is not 2-D, or its V differs from the previous chunk's.
+        """
+        if ctc_log_probs.dim() != 2:
+            raise ValueError(f"ctc_log_probs must be (T_chunk, V), got shape {tuple(ctc_log_probs.shape)}")
+        if self._vocab_size is None:
+            self._vocab_size = ctc_log_probs.size(1)
+        elif ctc_log_probs.size(1) != self._vocab_size:
+            raise ValueError(f"ctc_log_probs has V = {ctc_log_probs.size(1)}, the previous chunks "
+                             f"{self._vocab_size}")
+        top_k = min(self.beam_size, ctc_log_probs.size(1))
+        top_values, top_ids = ctc_log_probs.topk(top_k, dim=1)
+        for values, ids in zip(top_values.tolist(), top_ids.tolist()):
+            self._step(values, ids)
+        return self._hypotheses(lambda part, prefix: part.score)
+
+    def finish(self) -> list[Hypothesis]:
+        """The n-best of the frames fed so far as complete hypotheses: with an LM, ``lm_score`` is the LM score of
+        the whole hypothesis (its open word and the end of sentence included, :meth:`PrefixLM.finish`) and the
+        list is ranked on ``ctc_score + lm_score``; without, the partial n-best of :meth:`feed`. Leaves the search
+        as it is (feeding more frames goes on from the same beam).
+
+        Returns:
+            Up to ``beam_size`` hypotheses, best first.
+        """
+        if self.lm is None:
+            return self._hypotheses(None)
+        return sorted(self._hypotheses(self.lm.finish), key=lambda hyp: hyp.ctc_score + hyp.lm_score, reverse=True)
+
+    def _hypotheses(self, lm_score: Callable[[Any, Prefix], float] | None) -> list[Hypothesis]:
+        """The beam, best first, each prefix's LM score ``lm_score(part, prefix)`` (unused without an LM)."""
+        token_lists = self._token_lists()
+        if self.lm is None:
+            return [Hypothesis(list(token_lists[prefix]), _log_add(*probs)) for prefix, probs in self._beams.items()]
+        return [Hypothesis(list(token_lists[prefix]), _log_add(*probs), lm_score(self._lm_parts[prefix], prefix))
+                for prefix, probs in self._beams.items()]
+
+    def _token_lists(self) -> dict[Prefix, list[int]]:
+        """The token ids of the beam's prefixes, each the previous call's list of its nearest ancestor plus the
+        tokens after it: every prefix of the beam descends from one of the beam a chunk before, at most a chunk's
+        frames back, so that returning the partial n-best after each chunk walks a chunk, not whole prefixes."""
+        token_lists = {}
+        for prefix in self._beams:
+            tail, node = [], prefix
+            while node.length and node not in self._token_lists_before:
+                tail.append(node.token)
+                node = node.parent
+            token_lists[prefix] = self._token_lists_before.get(node, []) + tail[::-1]
+        self._token_lists_before = token_lists
+        return token_lists
+
+    def _step(self, values: list[float], ids: list[int]) -> None:
+        """One frame: ``values`` and ``ids`` are its ``top_k`` log-probabilities and token ids."""
         blank_log_p = None  # blank not among the frame's top_k
         tokens = []
         for log_p, token in zip(values, ids):
@@ -119,40 +267,57 @@ def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: Pref
                 tokens.append((log_p, token))
         # A prefix ending in blank after this frame comes only from itself; one ending in a token from itself (a
         # repeat without blank) or from the prefix one token shorter.
-        ending_blank: dict[tuple[int, ...], float] = {}
-        ending_token: dict[tuple[int, ...], float] = {}
-        for prefix, (p_blank, p_token) in beams.items():
+        ending_blank: dict[Prefix, float] = {}
+        ending_token: dict[Prefix, float] = {}
+        for prefix, (p_blank, p_token) in self._beams.items():
             p_prefix = _log_add(p_blank, p_token)
             if blank_log_p is not None:
                 ending_blank[prefix] = p_prefix + blank_log_p
-            last = prefix[-1] if prefix else None
+            last = prefix.token  # the root's is blank, which no token of the frame's is
             for log_p, token in tokens:
                 if token == last:
                     ending_token[prefix] = _log_add(ending_token.get(prefix, NEG_INF), p_token + log_p)
                     log_p += p_blank  # the repeat counts as a new token only after a blank
                 else:
                     log_p += p_prefix
-                extended = prefix + (token,)
+                extended = Prefix(prefix, token)
                 ending_token[extended] = _log_add(ending_token.get(extended, NEG_INF), log_p)
         scores = {prefix: _log_add(ending_blank.get(prefix, NEG_INF), p) for prefix, p in ending_token.items()}
         for prefix, p in ending_blank.items():
             scores.setdefault(prefix, p)
-        if lm is None:
-            best = heapq.nlargest(beam_size, scores, key=scores.__getitem__)
+        if self.lm is None:
+            best = heapq.nlargest(self.beam_size, scores, key=scores.__getitem__)
         else:
-            best = _best_with_lm(scores, beam_size, lm, lm_parts, beams)
-        beams = {prefix: (ending_blank.get(prefix, NEG_INF), ending_token.get(prefix, NEG_INF)) for prefix in best}
-        if lm is not None:  # the next frame asks only for the beam's prefixes and their one-token extensions
-            lm_parts = {prefix: part for prefix, part in lm_parts.items() if prefix in beams or prefix[:-1] in beams}
-    if lm is None:
-        return [Hypothesis(list(prefix), _log_add(*probs)) for prefix, probs in beams.items()]
-    nbest = [Hypothesis(list(prefix), _log_add(*probs), lm.finish(lm_parts[prefix], prefix))
-             for prefix, probs in beams.items()]
-    return sorted(nbest, key=lambda hyp: hyp.ctc_score + hyp.lm_score, reverse=True)
+            best = _best_with_lm(scores, self.beam_size, self.lm, self._lm_parts, self._beams)
+        beams = self._beams = {prefix: (ending_blank.get(prefix, NEG_INF), ending_token.get(prefix, NEG_INF))
+                               for prefix in best}
+        if self.lm is not None:  # the next frame asks only for the beam's prefixes and their one-token extensions
+            self._lm_parts = {prefix: part for prefix, part in self._lm_parts.items()
+                              if prefix in beams or prefix.parent in beams}
 
 
-def _best_with_lm(scores: dict[tuple[int, ...], float], beam_size: int, lm: PrefixLM,
-                  lm_parts: dict[tuple[int, ...], Any], parents: Iterable[tuple[int, ...]]) -> list[tuple[int, ...]]:
+def ctc_prefix_beam_search(ctc_log_probs: torch.Tensor, beam_size: int, lm: PrefixLM | None = None
+                           ) -> list[Hypothesis]:
+    """:class:`CtcPrefixBeamSearch` over a whole utterance: all its frames fed at once, then finished.
+
+    Args:
+        ctc_log_probs: float32 (T_ctc, V) CTC log-posteriors of the valid CTC frames only.
+        beam_size: number of prefixes kept (and tokens expanded) per frame, >= 1.
+        lm: language model to fuse, or None.
+
+    Returns:
+        Up to ``beam_size`` hypotheses, best first (:meth:`CtcPrefixBeamSearch.finish`).
+
+    Raises:
+        ValueError: ``beam_size`` < 1; ``ctc_log_probs`` not 2-D.
+    """
+    search = CtcPrefixBeamSearch(beam_size, lm)
+    search.feed(ctc_log_probs)
+    return search.finish()
+
+
+def _best_with_lm(scores: dict[Prefix, float], beam_size: int, lm: PrefixLM, lm_parts: dict[Prefix, Any],
+                  parents: Iterable[Prefix]) -> list[Prefix]:
     """The ``beam_size`` prefixes of ``scores`` (log P_ctc) with the highest log P_ctc + LM score, best first
     (equal totals in the order of ``scores``), extending the LM (into ``lm_parts``) only to the prefixes that can
     still make the cut: a prefix not yet in ``lm_parts`` (a one-token extension of one of ``parents``) competes on
@@ -165,7 +330,7 @@ def _best_with_lm(scores: dict[tuple[int, ...], float], beam_size: int, lm: Pref
         if part is not None:
             heap.append((-(p + part.score), order, prefix, True))
         else:
-            heap.append((-(p + ceilings[prefix[:-1]]), order, prefix, False))
+            heap.append((-(p + ceilings[prefix.parent]), order, prefix, False))
     heapq.heapify(heap)
     best = []
     while heap and len(best) < beam_size:
@@ -173,8 +338,8 @@ def _best_with_lm(scores: dict[tuple[int, ...], float], beam_size: int, lm: Pref
         if exact:
             best.append(prefix)
         else:
-            parent = prefix[:-1]
-            part = lm_parts[prefix] = lm.extend(lm_parts[parent], parent, prefix[-1])
+            parent = prefix.parent
+            part = lm_parts[prefix] = lm.extend(lm_parts[parent], parent, prefix.token)
             heapq.heappush(heap, (-(scores[prefix] + part.score), order, prefix, True))
     return best
 

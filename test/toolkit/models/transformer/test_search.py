@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
-from toolkit.models.transformer.search import (Hypothesis, attention_beam_search, attention_rescoring,
-                                               ctc_greedy_search, ctc_prefix_beam_search)
+from toolkit.models.transformer.search import (CtcPrefixBeamSearch, Hypothesis, Prefix, attention_beam_search,
+                                               attention_rescoring, ctc_greedy_search, ctc_prefix_beam_search)
 from toolkit.text.kneser_ney import kneser_ney_arpa
 from toolkit.text.ngram_lm import WordNgramLM
 
@@ -298,3 +298,122 @@ def test_the_word_lm_bound_is_above_every_extension(tmp_path):
                 ceiling = lm.bound(part)
                 assert all(lm.extend(part, prefix, t).score <= ceiling + 1e-9 for t in range(2, 8))
                 part, prefix = lm.extend(part, prefix, token), prefix + [token]
+
+
+def _blank_heavy(frames: int, seed: int, vocab: int = 8) -> torch.Tensor:
+    """Seeded (frames, vocab) CTC log-posteriors shaped like a trained model's: each non-blank unit (2 .. vocab - 1)
+    peaks on one frame and blank on the 1-3 frames after it, over Gaussian noise, so that competitors stay close."""
+    generator = torch.Generator().manual_seed(seed)
+    targets = []
+    while len(targets) < frames:
+        targets.append(int(torch.randint(2, vocab, (1,), generator=generator)))
+        targets += [0] * int(torch.randint(1, 4, (1,), generator=generator))
+    logits = torch.randn(frames, vocab, generator=generator)
+    logits[torch.arange(frames), torch.tensor(targets[:frames])] += 4.0
+    return logits.log_softmax(dim=1)
+
+
+def test_chunk_by_chunk_search_equals_the_whole_utterance_search(tmp_path):
+    # Streaming (issue 46): the n-best after feeding the frames in chunks of 1, 4, 8, 16 or a random split is the
+    # whole-utterance one, tokens and scores bit for bit, with and without the word LM (its OOV penalty and spelling
+    # LM included); after every chunk the partial n-best is that of a search fed the frames so far at once.
+    lm = _letters_lm(tmp_path, 1.0)
+    log_probs = _blank_heavy(120, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    cuts = sorted(torch.randperm(119, generator=generator)[:12].add(1).tolist())
+    random_split = [b - a for a, b in zip([0] + cuts, cuts + [120])]
+    for fused in (None, lm):
+        whole = ctc_prefix_beam_search(log_probs, beam_size=6, lm=fused)
+        assert len(whole) == 6 and len(whole[0].tokens) > 20
+        for sizes in ([1] * 120, [4] * 30, [8] * 15, [16] * 7 + [8], random_split):
+            search = CtcPrefixBeamSearch(6, fused)
+            fed = 0
+            for size in sizes:
+                partial = search.feed(log_probs[fed: fed + size])
+                fed += size
+                if fed % 24 == 0 or size not in (1, 4):  # every chunk but of the smallest sizes, to keep it quick
+                    assert partial == CtcPrefixBeamSearch(6, fused).feed(log_probs[:fed])
+            assert search.finish() == whole
+            if fused is None:
+                assert partial == whole  # without an LM the last partial is the final n-best
+
+
+def test_a_partial_n_best_holds_the_lm_score_of_the_complete_words_only(tmp_path):
+    # A partial's lm_score is what its prefix competes on (WordNgramLM: the complete words, here with no OOV
+    # penalty), not its open word's nor the end of sentence's, which finish adds; the partials rank on the sum.
+    units = {0: "<blank>", 1: "<unk>", 2: "S", 3: "I", 4: "E", 5: "X", 6: "\u2581"}
+    path = tmp_path / "lm.arpa"
+    path.write_text(kneser_ney_arpa([["SIX"], ["SIX", "SIX"], ["SIX", "SIX", "SIX"]], order=2), encoding="utf-8")
+    lm = WordNgramLM(str(path), units, 0.5, 0.0)
+    # S I X ▁ S I X, one certain frame each: the best prefix has one complete word and an open one.
+    log_probs = torch.nn.functional.one_hot(torch.tensor([2, 3, 5, 6, 2, 3, 5]), 7).float().clamp(min=1e-6).log()
+    search = CtcPrefixBeamSearch(3, lm)
+    partial = search.feed(log_probs)
+    assert partial[0].tokens == [2, 3, 5, 6, 2, 3, 5]
+    # KenLM's own sentence scores (log10, summed in float32): "<s> SIX" for the partial, "<s> SIX SIX </s>" for the
+    # final.
+    assert math.isclose(partial[0].lm_score, 0.5 * math.log(10) * lm.model.score("SIX", bos=True, eos=False),
+                        rel_tol=1e-6)
+    assert all(a.ctc_score + a.lm_score >= b.ctc_score + b.lm_score for a, b in zip(partial, partial[1:]))
+    final = search.finish()[0]
+    assert final.tokens == partial[0].tokens and final.ctc_score == partial[0].ctc_score
+    assert math.isclose(final.lm_score, 0.5 * math.log(10) * lm.model.score("SIX SIX", bos=True, eos=True),
+                        rel_tol=1e-6)
+    assert search.feed(log_probs[:0]) == partial  # finish leaves the search as it was
+
+
+def test_a_prefix_node_is_the_sequence_of_its_tokens():
+    # Prefix against the tuple it stands for: length, items, slices, iteration, equality and hashing (two nodes
+    # built apart with the same tokens are one dict key; a different token or length is another).
+    tokens = (3, 1, 4, 1, 5, 9, 2, 6)
+    a, b = Prefix(), Prefix()
+    for token in tokens:
+        a, b = Prefix(a, token), Prefix(b, token)
+    assert len(a) == 8 and list(a) == list(tokens) and list(reversed(a)) == list(tokens[::-1])
+    for i in range(-8, 8):
+        assert a[i] == tokens[i]
+    for s in (slice(3, None), slice(None, 2), slice(2, 6, 2), slice(None, None, -1), slice(6, 1, -3),
+              slice(5, 2), slice(-3, None)):
+        assert a[s] == tokens[s], s
+    with pytest.raises(IndexError):
+        a[8]
+    assert a == b and a is not b and hash(a) == hash(b) and {a: 1}[b] == 1
+    assert a != Prefix(a.parent, 7) and a != a.parent and a.parent == b.parent and Prefix() == Prefix()
+
+
+def test_the_streaming_search_refuses_what_it_cannot_search():
+    with pytest.raises(ValueError, match="beam_size must be >= 1"):
+        CtcPrefixBeamSearch(0)
+    search = CtcPrefixBeamSearch(4)
+    with pytest.raises(ValueError, match=r"must be \(T_chunk, V\)"):
+        search.feed(torch.zeros(2, 3, 5))
+    search.feed(torch.zeros(2, 5).log_softmax(dim=1))
+    with pytest.raises(ValueError, match="V = 6, the previous chunks 5"):
+        search.feed(torch.zeros(2, 6))
+
+
+def test_the_tokens_read_per_frame_do_not_grow_with_the_utterance(tmp_path, monkeypatch):
+    # The search's time per frame stays flat as hypotheses grow (benchmarks/bench_ctc_search.py times it): a prefix
+    # is read only near its end, by the word LM (its open word) and by the partial n-best after each chunk (the
+    # tokens after the previous chunk's), so the tokens read per frame are the same at 250 and 2000 frames. A
+    # prefix read whole (an LM joining all its tokens, a tuple copy) would read ~8x more per frame at 2000.
+    reads = [0]
+    tail = Prefix._tail
+
+    def counted_tail(self, count):
+        reads[0] += count
+        return tail(self, count)
+
+    monkeypatch.setattr(Prefix, "_tail", counted_tail)
+    lm = _letters_lm(tmp_path, 1.0)
+    per_frame = []
+    for frames in (250, 2000):
+        log_probs = _blank_heavy(frames, seed=2)
+        reads[0] = 0
+        search = CtcPrefixBeamSearch(6, lm)
+        for chunk in log_probs.split(16):
+            search.feed(chunk)
+        hyp = search.finish()[0]
+        assert len(hyp.tokens) > frames / 4
+        per_frame.append(reads[0] / frames)
+    assert per_frame[0] > 1 and per_frame[1] < 1.5 * per_frame[0], per_frame
