@@ -10,7 +10,7 @@ from toolkit.models.transformer.ctc import CTC, min_ctc_frames
 from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 from toolkit.models.transformer.encoder import BaseEncoder
 from toolkit.models.transformer.label_smoothing_loss import LabelSmoothingLoss
-from toolkit.models.transformer.search import (PrefixLM, attention_beam_search, attention_rescoring,
+from toolkit.models.transformer.search import (Hypothesis, PrefixLM, attention_beam_search, attention_rescoring,
                                                ctc_greedy_search, ctc_prefix_beam_search)
 from toolkit.utils.common import IGNORE_ID
 from toolkit.utils.mask import make_pad_mask
