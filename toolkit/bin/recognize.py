@@ -56,6 +56,7 @@ from toolkit.distributed.metrics import score_across_ranks
 from toolkit.distributed.progress import JobProgress
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
+from toolkit.models.transformer.streaming import StreamingDecoder
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import read_config
@@ -106,6 +107,11 @@ def get_args(argv=None) -> argparse.Namespace:
                              "a stream would see them (masked over the whole utterance); -1: full context")
     parser.add_argument("--num_decoding_left_chunks", type=int, default=-1,
                         help="with --decoding_chunk_size N > 0: chunks to the left each chunk sees, >= 0; -1: all")
+    parser.add_argument("--simulate_streaming", action="store_true",
+                        help="with --decoding_chunk_size N > 0: decode each utterance as a stream, the encoder chunk "
+                             "by chunk with its attention and convolution caches and the CTC prefix beam search fed "
+                             "after each chunk, then attention rescoring (U2's two passes); the same results as the "
+                             "masked decoding, at a live stream's cost")
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
     args = parser.parse_args(argv)
@@ -116,6 +122,9 @@ def get_args(argv=None) -> argparse.Namespace:
     if args.decoding_chunk_size == 0 or args.decoding_chunk_size < -1:
         raise ConfigError(f"--decoding_chunk_size {args.decoding_chunk_size}: must be > 0 (encoder frames per chunk) "
                           "or -1 (full context)")
+    if args.simulate_streaming and args.decoding_chunk_size < 1:
+        raise ConfigError(f"--simulate_streaming needs --decoding_chunk_size > 0 (encoder frames per chunk), got "
+                          f"{args.decoding_chunk_size}")
     if args.num_decoding_left_chunks < -1:
         raise ConfigError(f"--num_decoding_left_chunks {args.num_decoding_left_chunks}: must be >= 0 or -1 (all)")
     return args
@@ -133,6 +142,8 @@ def _decode_fitting(model, batch: dict, lm: WordNgramLM | None, args, device: to
     time (each utterance decodes the same in any batch); an utterance that does not fit alone is named in the log
     and counted in ``skipped`` under ``out_of_memory`` (scored as deletions), never the end of the job."""
     def decode(feats: torch.Tensor, lengths: torch.Tensor) -> dict:
+        if args.simulate_streaming:
+            return _decode_streams(model, feats, lengths, lm, args)
         return model.decode(args.modes, feats.to(device), lengths.to(device), beam_size=args.beam_size,
                             ctc_weight=args.ctc_weight, length_penalty=args.length_penalty, lm=lm,
                             reverse_weight=args.reverse_weight, decoding_chunk_size=args.decoding_chunk_size,
@@ -152,6 +163,20 @@ def _decode_fitting(model, batch: dict, lm: WordNgramLM | None, args, device: to
             logging.warning("skipping utterance %s: out_of_memory (%d fbank frames do not fit on %s alone)", key,
                             int(length), device)
             skipped["out_of_memory"] += 1
+
+
+def _decode_streams(model, feats: torch.Tensor, lengths: torch.Tensor, lm: WordNgramLM | None, args) -> dict:
+    """``--simulate_streaming``: each utterance of the batch fed to a :class:`StreamingDecoder` in pieces of one
+    chunk window's stride (as live audio would arrive), then finished; ``{mode: token ids per utterance}``."""
+    results: dict[str, list[list[int]]] = {mode: [] for mode in args.modes}
+    for utterance, length in zip(feats, lengths.tolist()):
+        stream = StreamingDecoder(model, args.decoding_chunk_size, args.num_decoding_left_chunks, args.beam_size, lm)
+        for start in range(0, length, stream.stride):
+            stream.accept(utterance[start:min(start + stream.stride, length)])
+        for mode, tokens in stream.finish(args.modes, args.ctc_weight, args.length_penalty,
+                                          args.reverse_weight).items():
+            results[mode].append(tokens)
+    return results
 
 
 def decode_share(model, loader, tokenizer, lm: WordNgramLM | None, args, device: torch.device,
@@ -289,6 +314,12 @@ def main(argv=None) -> None:
                                      args.num_decoding_left_chunks)
     except ValueError as e:
         raise ConfigError(f"--decoding_chunk_size {args.decoding_chunk_size}: {e}") from e
+    if args.simulate_streaming:  # a stream of one window of silence: the encoder's refusals, in one line
+        try:
+            stream = StreamingDecoder(model, args.decoding_chunk_size, args.num_decoding_left_chunks)
+            stream.accept(torch.zeros(stream.window, config.input_dim))
+        except ValueError as e:
+            raise ConfigError(f"--simulate_streaming: {e}") from e
     untrained = model.encoder.untrained_chunk_note(args.decoding_chunk_size)
     if untrained:
         logging.warning("--decoding_chunk_size %d: %s", args.decoding_chunk_size, untrained)

@@ -10,7 +10,7 @@ from toolkit.models.transformer.ctc import CTC, min_ctc_frames
 from toolkit.models.transformer.decoder import BiTransformerDecoder, TransformerDecoder
 from toolkit.models.transformer.encoder import BaseEncoder
 from toolkit.models.transformer.label_smoothing_loss import LabelSmoothingLoss
-from toolkit.models.transformer.search import (PrefixLM, attention_beam_search, attention_rescoring,
+from toolkit.models.transformer.search import (Hypothesis, PrefixLM, attention_beam_search, attention_rescoring,
                                                ctc_greedy_search, ctc_prefix_beam_search)
 from toolkit.utils.common import IGNORE_ID
 from toolkit.utils.mask import make_pad_mask
@@ -286,28 +286,47 @@ class ASRModel(nn.Module):
             ValueError: an unknown method name, ``reverse_weight`` outside [0, 1] or > 0 without a
                 right-to-left decoder, or a chunk option the encoder refuses (:meth:`BaseEncoder.attention_mask`).
         """
+        with torch.no_grad():
+            encoder_out, encoder_mask = self.encoder(feats, feats_lengths, decoding_chunk_size,
+                                                     num_decoding_left_chunks)
+            return self.search(methods, encoder_out, encoder_mask, beam_size, ctc_weight, length_penalty, lm,
+                               reverse_weight)
+
+    def search(self, methods: list[str], encoder_out: torch.Tensor, encoder_mask: torch.Tensor, beam_size: int = 10,
+               ctc_weight: float = 0.5, length_penalty: float = 0.0, lm: PrefixLM | None = None,
+               reverse_weight: float | None = None, nbests: list[list[Hypothesis]] | None = None
+               ) -> dict[str, list[list[int]]]:
+        """The decoding methods over an encoded batch (:meth:`decode` after its encoder; a stream's encoder output
+        after its last chunk, :class:`~toolkit.models.transformer.streaming.StreamingDecoder`).
+
+        Args:
+            encoder_out: float32 (B, T', D); encoder_mask: bool (B, 1, T'), True at valid frames.
+            nbests: per utterance, the CTC prefix beam search's n-best when already searched (a stream's,
+                incrementally); None: searched here. The other arguments: as :meth:`decode`.
+
+        Returns / Raises: as :meth:`decode`.
+        """
         reverse_weight = self.rescoring_reverse_weight(reverse_weight)
         error = decoding_modes_error(methods)
         if error:
             raise ValueError(error)
         results: dict[str, list[list[int]]] = {}
         with torch.no_grad():
-            encoder_out, encoder_mask = self.encoder(feats, feats_lengths, decoding_chunk_size,
-                                                     num_decoding_left_chunks)
             lengths = encoder_mask.squeeze(1).sum(dim=1)
             if "attention" in methods:
                 results["attention"] = attention_beam_search(
                     self.decoder, encoder_out, encoder_mask, self.sos, self.eos, beam_size,
                     length_penalty)
             need_nbest = any(method in LM_METHODS for method in methods)
-            if "ctc_greedy_search" in methods or need_nbest:
+            if "ctc_greedy_search" in methods or (need_nbest and nbests is None):
                 ctc_log_probs = self.ctc.log_softmax(encoder_out)
                 ctc_lengths = self.ctc.output_lengths(lengths)
             if "ctc_greedy_search" in methods:
                 results["ctc_greedy_search"] = ctc_greedy_search(ctc_log_probs, ctc_lengths)
             if need_nbest:
-                nbests = [ctc_prefix_beam_search(ctc_log_probs[i, :length], beam_size, lm)
-                          for i, length in enumerate(ctc_lengths.tolist())]
+                if nbests is None:
+                    nbests = [ctc_prefix_beam_search(ctc_log_probs[i, :length], beam_size, lm)
+                              for i, length in enumerate(ctc_lengths.tolist())]
                 if "ctc_prefix_beam_search" in methods:
                     results["ctc_prefix_beam_search"] = [nbest[0].tokens for nbest in nbests]
                 if "attention_rescoring" in methods:
