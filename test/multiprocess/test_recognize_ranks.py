@@ -197,3 +197,23 @@ def test_a_full_context_model_decodes_at_a_chunk_size_with_one_warning(model, th
     # chunks of 80 ms that see no other chunk change what CTC reads (the random model's decoder says the same
     # "FTTT..." whatever it attends to, so only the CTC modes can show it)
     assert hyp_lines(chunked, "ctc_greedy_search") != hyp_lines(one, "ctc_greedy_search")
+
+
+def test_simulate_streaming_gives_the_masked_decoding_of_a_streaming_model(model, thirteen, tmp_path):
+    # issue 46: a causal dynamic-chunk model decoded chunk by chunk (forward_chunk with caches, the CTC prefix beam
+    # search fed per chunk, rescoring at the end) writes exactly what the masked whole-utterance decoding writes
+    streaming = write_model(tmp_path, "encoder_conf {causal: true, use_dynamic_chunk: true}")
+    _, test_list, _, _ = thirteen
+    chunk = ["--decoding_chunk_size", "4", "--num_decoding_left_chunks", "2"]
+    run_recognize(1, streaming, test_list, tmp_path / "masked", *chunk)
+    run_recognize(1, streaming, test_list, tmp_path / "stream", *chunk, "--simulate_streaming")
+    masked, stream = read_outputs(tmp_path / "masked"), read_outputs(tmp_path / "stream")
+    for mode in MODES:
+        assert stream[f"{mode}/text"] == masked[f"{mode}/text"], mode
+    assert stream["summary"]["utterances"] == masked["summary"]["utterances"]
+    # train_tiny's own model has no causal convolution: refused in one line before any data is read
+    refused = subprocess.run([sys.executable, "-m", "toolkit.bin.recognize", "--config", model[0], "--checkpoint",
+                              model[1], "--test_data", test_list, "--result_dir", str(tmp_path / "refused"), *chunk,
+                              "--simulate_streaming"], capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV)
+    assert refused.returncode == 2 and "--simulate_streaming: " in refused.stderr, refused.stderr[-2000:]
+    assert "encoder_conf.causal" in refused.stderr and "Traceback" not in refused.stderr

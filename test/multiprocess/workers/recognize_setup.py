@@ -36,10 +36,11 @@ def load_tool(name: str):
     return module
 
 
-def write_model(data_dir) -> tuple[str, str]:
-    """``data_dir/model/train.yaml`` and ``init.pt``: train_tiny.yaml's model, the char units and the CMVN of the
-    tiny_fsdd train set (by the recipe's tools' functions), weights drawn from seed 0 (decoding is deterministic;
-    the outputs are nonsense, but vary with the audio, which is all an identity test needs)."""
+def write_model(data_dir, *overrides: str) -> tuple[str, str]:
+    """``data_dir/model/train.yaml`` and ``init.pt``: train_tiny.yaml's model (with config ``overrides``), the char
+    units and the CMVN of the tiny_fsdd train set (by the recipe's tools' functions), weights drawn from seed 0
+    (decoding is deterministic; the outputs are nonsense, but vary with the audio, which is all an identity test
+    needs)."""
     train = kaldi_entries("tiny_fsdd", "train")
     write_symbol_table(sorted({u for e in train for u in text_to_char_units(e["txt"])} | {WORD_BOUNDARY}),
                        str(data_dir / "units.txt"))
@@ -49,7 +50,7 @@ def write_model(data_dir) -> tuple[str, str]:
     with open(data_dir / "cmvn", "w", encoding="utf-8") as f:
         json.dump(stats, f)
     config = read_config(CONF, [f"tokenizer_conf.symbol_table_path {data_dir / 'units.txt'}",
-                                f"cmvn_conf.cmvn_file {data_dir / 'cmvn'}"])
+                                f"cmvn_conf.cmvn_file {data_dir / 'cmvn'}", *overrides])
     vocab_size = init_tokenizer(config.tokenizer, config.tokenizer_conf).vocab_size()
     config = dataclasses.replace(config, output_dim=vocab_size)
     os.makedirs(data_dir / "model", exist_ok=True)

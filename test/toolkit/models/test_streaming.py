@@ -1,6 +1,7 @@
 """Streaming encoders (issue 46; U2/U2++, WeNet's ``encoder_conf`` keys): chunk-wise attention masks in training and
 decoding, and chunk-by-chunk encoding through ``forward_chunk`` with its caches, on real speech (tiny_lj fbank)."""
 import argparse
+import random
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from toolkit.models.transformer.convolution import ConvolutionModule
 from toolkit.models.transformer.ctc import CTC
 from toolkit.models.transformer.encoder import ConformerEncoder, TransformerEncoder
 from toolkit.models.transformer.search import ctc_greedy_search
+from toolkit.models.transformer.streaming import StreamingDecoder
 from toolkit.utils.config_parsing import ConfigError
 from toolkit.utils.mask import draw_dynamic_chunk, subsequent_chunk_mask
 
@@ -251,3 +253,29 @@ def test_decoding_options_are_checked_in_one_line(tiny_lj):
         with pytest.raises(ConfigError, match=f"^{option} {value}: must be"):
             get_args(base + [option, value])
     assert isinstance(get_args(base + ["--decoding_chunk_size", "16"]), argparse.Namespace)
+
+
+def test_a_stream_fed_in_pieces_decodes_as_the_masked_utterance_in_every_method(tiny_lj):
+    # U2's two passes live (StreamingDecoder): fbank pieces of random sizes, the CTC prefix beam search's partials
+    # after each, then every method over the whole encoder output, equal to ASRModel.decode's masked results
+    torch.manual_seed(0)
+    model = init_model(_model_config(causal=True, use_dynamic_chunk=True, cnn_module_norm="layer_norm")).eval()
+    feats, lengths = tiny_lj.batch(KEYS)
+    methods = ["ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"]
+    rng = random.Random(0)
+    for chunk, left in ((1, -1), (4, 2), (16, -1)):
+        masked = model.decode(methods, feats, lengths, beam_size=4, decoding_chunk_size=chunk,
+                              num_decoding_left_chunks=left)
+        for b, length in enumerate(lengths.tolist()):
+            stream = StreamingDecoder(model, chunk, left, beam_size=4)
+            start = 0
+            while start < length:
+                piece = rng.randint(1, 60)
+                partial = stream.accept(feats[b, start:min(start + piece, length)])
+                start += piece
+                assert bool(partial) == (min(start, length) >= stream.window)  # from the first window's end on
+            result = stream.finish(methods)
+            assert result == {method: masked[method][b] for method in methods}, (chunk, left, b)
+            assert stream.partial[0].tokens == result["ctc_prefix_beam_search"]  # no LM: finish ranks as feed
+    short = StreamingDecoder(model, 4)
+    assert short.accept(feats[0, :6]) == [] and short.finish(methods) == {method: [] for method in methods}

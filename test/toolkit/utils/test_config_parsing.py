@@ -21,6 +21,7 @@ RECIPE_YAML = os.path.join(REPO_ROOT, "examples", "english", "s0", "conf",
 # Every training config the recipe ships, with the parameter count its docs state (examples/english/s0/README.md,
 # docs/multi-gpu-and-nodes.md) for the recipe's dictionary of 31 units.
 SHIPPED_PARAMETERS = {"train_conformer.yaml": 2_811_901, "train_conformer_gpu.yaml": 42_986_333,
+                      "train_u2pp_conformer.yaml": 2_811_901,
                       "train_tiny.yaml": 553_022}
 
 
