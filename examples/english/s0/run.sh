@@ -52,6 +52,9 @@ start_over=false                     # true: $dir holds an earlier run, which st
 average_num=3                        # 0: decode the last epoch as is
 decode_sets=test                     # test | dev: stage 5 decodes <decode_sets>_<corpus> (tune on dev, score test once)
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention_rescoring"
+decoding_chunk_sizes=auto            # stage 5, encoder frames per chunk (-1: full context); auto: "-1 16 8 4" for a
+                                     # model trained with dynamic chunks, its static_chunk_size for a static one, else -1
+num_decoding_left_chunks=-1          # the chunks before it each chunk sees; -1: all
 beam_size=20                         # fewer dev word errors than 10, for a longer stage 5 (docs/recipe_ablation.md)
 lm_order=3                           # word n-gram LM from the training transcripts (stage 2); 0: decode without LM
 lm_common_words=0                    # the LM's vocabulary adds the N most frequent English words (wordfreq) it lacks
@@ -299,20 +302,31 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
       lm_title+=", spelling $spelling_order-gram (+ $spelling_common_words common words)"
     fi
   fi
-  echo "stage 5: decoding $decode_dirs with $decode_modes${lm_title}, $num_nodes node(s) x $decode_nproc_per_node process(es)"
+  if [ "$decoding_chunk_sizes" = auto ]; then  # what the model was trained for (its train.yaml's encoder_conf)
+    decoding_chunk_sizes=$(python -c 'import sys, yaml; conf = yaml.safe_load(open(sys.argv[1]))["encoder_conf"]
+print("-1 16 8 4" if conf.get("use_dynamic_chunk") else conf.get("static_chunk_size") or -1)' "$dir/train.yaml")
+  fi
+  chunk_dir() { if [ "$2" = -1 ]; then echo "$dir/$1"; else echo "$dir/$1/chunk_$2"; fi; }
+  echo "stage 5: decoding $decode_dirs with $decode_modes${lm_title}, decoding_chunk_size $decoding_chunk_sizes (left chunks $num_decoding_left_chunks), $num_nodes node(s) x $decode_nproc_per_node process(es)"
   for x in $decode_dirs; do
-    # every rank decodes its share; global rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
-    rm -f "$dir/$x/decode_summary.json"
-    launch --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x") -m toolkit.bin.recognize \
-      --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
-      --test_data "$data/$x/data.list" --result_dir "$dir/$x" --modes $decode_modes \
-      --beam_size "$beam_size" --length_penalty "$length_penalty" --batch_size "$decode_batch_size" \
-      --num_threads "$decode_threads" "${lm_options[@]}" ${reverse_weight:+--reverse_weight "$reverse_weight"}
+    for chunk in $decoding_chunk_sizes; do
+      # every rank decodes its share; global rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
+      rm -f "$(chunk_dir "$x" "$chunk")/decode_summary.json"
+      launch --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x-chunk$chunk") -m toolkit.bin.recognize \
+        --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
+        --test_data "$data/$x/data.list" --result_dir "$(chunk_dir "$x" "$chunk")" --modes $decode_modes \
+        --beam_size "$beam_size" --length_penalty "$length_penalty" --batch_size "$decode_batch_size" \
+        --decoding_chunk_size "$chunk" --num_decoding_left_chunks "$num_decoding_left_chunks" \
+        --num_threads "$decode_threads" "${lm_options[@]}" ${reverse_weight:+--reverse_weight "$reverse_weight"}
+    done
   done
   written=1
-  for x in $decode_dirs; do [ -f "$dir/$x/decode_summary.json" ] || written=0; done
+  for x in $decode_dirs; do
+    for chunk in $decoding_chunk_sizes; do [ -f "$(chunk_dir "$x" "$chunk")/decode_summary.json" ] || written=0; done
+  done
   if [ "$written" = 1 ]; then
     python tools/results_table.py --data "$data" --dir "$dir" --test_sets $decode_dirs --modes $decode_modes \
+      --decoding_chunk_sizes $decoding_chunk_sizes \
       --title "$(basename "$dir") ($(basename "$train_config"), $token_type, $num_nodes x $nproc_per_node $train_engine$lm_title)" \
       > "$results"
     cat "$results"
