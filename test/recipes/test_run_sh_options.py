@@ -58,6 +58,13 @@ from test.multiprocess.workers.recognize_setup import write_model
     (["--checkpoint", "exp/epoch_9.pt"], "--checkpoint exp/epoch_9.pt: no such file"),
     pytest.param(["--overrides", "train_conf.dtype fp16"], "train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is valid with a GPU")),
+    # issue 46: the streaming options and keys (found by the new-user trial: refused only after stages -1..5)
+    (["--decoding_chunk_sizes", "16 abc"], "--decoding_chunk_sizes must be auto or encoder frames per chunk (> 0, or "
+                                           "-1 for full context), got '16 abc'"),
+    (["--num_decoding_left_chunks", "-5"], "--num_decoding_left_chunks must be -1 (all) or >= 0, got '-5'"),
+    (["--overrides", "encoder_conf {causal: 'yes'}"], "causal must be true or false, got 'yes'"),
+    (["--overrides", "encoder_conf {static_chunk_size: 8, use_dynamic_chunk: true}"],
+     "use_dynamic_chunk and static_chunk_size 8: choose one"),
     (["--num_nodes", "2", "--HOST_NODE_ADDR", "nosuchhost.invalid:29400"],
      "--HOST_NODE_ADDR nosuchhost.invalid:29400: the host 'nosuchhost.invalid' does not resolve on"),
 ])

@@ -304,7 +304,10 @@ def main(argv=None) -> None:
     # 3. the model with the checkpoint's weights, before any data or LM is read: a checkpoint of another config
     # stops here, in one line
     model = init_model(config)
-    saved = load_checkpoint(args.checkpoint)[MODEL_KEY]
+    try:
+        saved = load_checkpoint(args.checkpoint)[MODEL_KEY]
+    except FileNotFoundError as e:  # a copied checkpoint without its .yaml: the save is not known to have finished
+        raise ConfigError(f"--checkpoint {e}") from e
     check_model_state({key: value.shape for key, value in model.state_dict().items()}, saved,
                       f"--checkpoint {args.checkpoint} (--config {args.config})")
     model.load_state_dict(saved)

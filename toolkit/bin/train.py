@@ -153,7 +153,7 @@ def check_only(args: argparse.Namespace) -> None:
     """``--check_only``: what a run would refuse late, refused before any rank or file exists, in one process start
     (importing torch takes seconds): the config with its overrides (read as step 1 of :func:`main` reads it, the
     optimizer and LR scheduler built as step 5 builds them, on a stand-in parameter; ``max_steps``: any count where
-    the trainer will count one), :func:`check_before_ranks` (without ``--config``: ``--train_engine`` with
+    the trainer will count one; the model built from its sections without CMVN stats, on a stand-in table size), :func:`check_before_ranks` (without ``--config``: ``--train_engine`` with
     ``--deepspeed_config``), the decoding modes the model will be decoded with (the model's own list), and, given
     ``--model_dir``, whether the run it holds lets this one start as ``--checkpoint``/``--start_over`` say
     (:func:`~toolkit.engine.model_dir.plan_model_dir`; whether another job holds it is known only when training
@@ -173,6 +173,9 @@ def check_only(args: argparse.Namespace) -> None:
             init_optimizer_and_scheduler([torch.nn.Parameter(torch.zeros(1))], config.optim, config.optim_conf,
                                          config.scheduler, config.scheduler_conf,
                                          1 if planned_batching(config.dataset_conf) else None)
+            # the model's sections (every encoder_conf key, the streaming ones included), built without the CMVN
+            # stats and with a stand-in table size: stages 1 and 2 may not have made them yet
+            init_model(dataclasses.replace(config, cmvn=None), vocab_size=config.output_dim or 2)
         except ConfigError as e:
             sys.exit(f"--config/--override_config: {e}")
         max_epoch = config.train_conf.max_epoch

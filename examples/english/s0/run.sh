@@ -158,6 +158,10 @@ if [ -z "$nproc_per_node" ]; then
   [ "$nproc_per_node" -gt 0 ] || nproc_per_node=2
 fi
 decode_nproc_per_node=${decode_nproc_per_node:-$nproc_per_node}
+[[ $decoding_chunk_sizes == auto || $decoding_chunk_sizes =~ ^(-1|[1-9][0-9]*)( +(-1|[1-9][0-9]*))*$ ]] ||
+  die "--decoding_chunk_sizes must be auto or encoder frames per chunk (> 0, or -1 for full context), got '$decoding_chunk_sizes'"
+[[ $num_decoding_left_chunks =~ ^(-1|[0-9]+)$ ]] ||
+  die "--num_decoding_left_chunks must be -1 (all) or >= 0, got '$num_decoding_left_chunks'"
 for n in "$nproc_per_node" "$decode_nproc_per_node" "$num_nodes"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || die "--nproc_per_node, --decode_nproc_per_node and --num_nodes must be positive integers, got '$n'"
 done

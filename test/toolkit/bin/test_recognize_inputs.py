@@ -144,3 +144,17 @@ def test_decoding_into_a_model_dir_a_training_job_holds_leaves_its_lock_alone(tm
         assert other.stdout.strip() == repr(training.record), other.stderr  # still held, by the training job
     finally:
         training.release()
+
+
+def test_a_checkpoint_copied_without_its_record_is_one_line(tmp_path):
+    # found by the new-user trial: an intact avg_3.pt copied alone gave load_checkpoint's FileNotFoundError traceback
+    config, checkpoint = write_model(tmp_path)
+    alone = tmp_path / "copied" / "avg_3.pt"
+    alone.parent.mkdir()
+    alone.write_bytes(open(checkpoint, "rb").read())
+    proc = subprocess.run([sys.executable, "-m", "toolkit.bin.recognize", "--config", config, "--checkpoint",
+                           str(alone), "--test_data", write_list(tmp_path / "test.list", fsdd_test_entries()[:1]),
+                           "--result_dir", str(tmp_path / "dec")], capture_output=True, text=True, timeout=300,
+                          env=ENV)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"--checkpoint {alone}: no avg_3.yaml beside it, so the save never finished" in proc.stderr
