@@ -92,7 +92,7 @@ def test_a_batch_out_of_memory_is_decoded_one_utterance_at_a_time_and_one_too_bi
     model, counted = _SmallMemoryModel(), []
     args = argparse.Namespace(modes=["ctc_greedy_search", "attention"], beam_size=1, ctc_weight=0.5,
                               length_penalty=0.0, reverse_weight=0.0, decoding_chunk_size=-1,
-                              num_decoding_left_chunks=-1)
+                              num_decoding_left_chunks=-1, simulate_streaming=False)
     loader = [_batch({"a": 40, "b": 20, "c": 10}), _batch({"huge": 200}), _batch({"d": 30, "e": 30})]
     results = decode_share(model, loader, SimpleNamespace(detokenize=lambda ids: (str(ids),)), None, args,
                            torch.device("cpu"), SimpleNamespace(add=counted.append))
