@@ -8,7 +8,10 @@ Imported as ``test.helpers`` (``test`` is a package): pytest puts the checkout f
 
 import json
 import os
+import signal
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout: run.sh, toolkit/, tools/, corpora/, examples/
@@ -90,3 +93,27 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def kill(proc: subprocess.Popen) -> float:
+    """SIGKILL ``proc`` and reap it; returns when (``time.monotonic``), for :func:`outlived`."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    return time.monotonic()
+
+
+def outlived(pids, since: float, within_s: float) -> list[int]:
+    """Those of ``pids`` still running ``within_s`` seconds after ``since`` (``time.monotonic``), waiting for them
+    until then."""
+    while any(alive(pid) for pid in pids) and time.monotonic() - since < within_s:
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
+def kill_all(proc: subprocess.Popen, pids) -> None:
+    """SIGKILL ``proc`` and every one of ``pids`` still running: no orphan of a failed test outlives it."""
+    proc.kill()
+    proc.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -5,7 +5,6 @@ for the next job."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 
 from toolkit.utils.dir_lock import LOCK_FILE, DirLock
 
-from test.helpers import REPO_ROOT, alive, descendants
+from test.helpers import REPO_ROOT, descendants, kill, kill_all, outlived
 
 from .workers.recipe_data import ENV, train_args, write_data
 
@@ -63,22 +62,12 @@ def test_the_ranks_end_with_a_killed_launcher_and_the_model_dir_is_free_again(tm
         ranks = {pid for pid in started if " -u -m toolkit.bin.train " in command_line(pid)}  # as torchrun starts them
         holder = json.loads((model_dir / LOCK_FILE).read_text())["pid"]
         assert holder in ranks and len(ranks) == 2, [command_line(pid) for pid in started]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        killed = time.monotonic()
-        while any(alive(pid) for pid in ranks) and time.monotonic() - killed < GONE_WITHIN_S:
-            time.sleep(0.1)
-        assert not [pid for pid in ranks if alive(pid)], f"ranks orphaned by {launcher} still run"
+        killed = kill(proc)
+        assert not outlived(ranks, killed, GONE_WITHIN_S), f"ranks orphaned by {launcher} still run"
         # the rest (run.sh's launcher, a rank's forkserver still importing torch, its resource tracker) follow
-        while any(alive(pid) for pid in started) and time.monotonic() - killed < REST_GONE_WITHIN_S:
-            time.sleep(0.1)
-        assert not [command_line(pid) for pid in started if alive(pid)]
+        assert not [command_line(pid) for pid in outlived(started, killed, REST_GONE_WITHIN_S)]
         lock = DirLock(str(model_dir), {"pid": os.getpid()})
         assert lock.acquire() is None  # the next job gets in
         lock.release()
-    finally:  # no orphan outlives a failed test
-        proc.kill()
-        proc.wait()
-        for pid in started:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    finally:
+        kill_all(proc, started)

@@ -4,14 +4,13 @@ gone within seconds; without it a worker waits for work for good, orphaned. (``c
 workers end by themselves when their parent is killed: measured, 2026-12-07.)"""
 
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from test.helpers import REPO_ROOT, alive, descendants
+from test.helpers import REPO_ROOT, descendants, kill, kill_all, outlived
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 GONE_WITHIN_S = 5.0
@@ -41,15 +40,6 @@ def test_a_killed_tool_leaves_no_pool_worker_behind(tmp_path, tool):
             workers = descendants(proc.pid)
             time.sleep(0.2)
         time.sleep(1.0)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        killed = time.monotonic()
-        while any(alive(pid) for pid in workers) and time.monotonic() - killed < GONE_WITHIN_S:
-            time.sleep(0.1)
-        assert not [pid for pid in workers if alive(pid)], f"{tool}'s workers outlived it"
-    finally:  # no orphan outlives a failed test
-        proc.kill()
-        proc.wait()
-        for pid in workers:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        assert not outlived(workers, kill(proc), GONE_WITHIN_S), f"{tool}'s workers outlived it"
+    finally:
+        kill_all(proc, workers)
