@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from toolkit.dataset import build_dataloader, build_dataset
 from toolkit.dataset.data_list import make_raw_list, write_raw_list
 
-from test.helpers import REPO_ROOT
+from test.helpers import REPO_ROOT, alive, kill, outlived
 
 FSDD = REPO_ROOT / "corpora/tiny_fsdd"
 
@@ -92,14 +91,6 @@ if __name__ == "__main__":
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("shape", ["rank", "script"])
 def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, tokenizer, shape):
     # The case: a rank killed with SIGKILL mid-epoch. torch's watchdog in a worker watches its parent pid, which
@@ -114,15 +105,10 @@ def test_loader_workers_end_when_the_process_iterating_them_is_killed(tmp_path, 
                                 stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         workers = [int(pid) for pid in proc.stdout.readline().split()]
-        assert len(workers) == 2 and all(map(_alive, workers)), stderr.read_text()[-3000:]
+        assert len(workers) == 2 and all(map(alive, workers)), stderr.read_text()[-3000:]
         # children of the forkserver beside another thread, else forked
         assert [_parent_pid(pid) == proc.pid for pid in workers] == [shape == "script"] * 2
-        proc.kill()
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while any(map(_alive, workers)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(map(_alive, workers)), "a worker outlived the process that iterated its loader"
+        assert not outlived(workers, kill(proc), 30), "a worker outlived the process that iterated its loader"
     finally:
         proc.kill()
 
