@@ -86,6 +86,14 @@ class MultiHeadedAttention(nn.Module):
         v = self.split_heads(self.linear_v(value))
         return self.attend_heads(q, k, v, mask, pos_emb)
 
+    def self_attend(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
+                    cache: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """An encoder layer's self-attention over ``x``: the whole input (``cache`` None; no new cache), or a chunk
+        of a stream with the cache of the frames before it (:meth:`forward_chunk`, its new cache too)."""
+        if cache is None:
+            return self.forward(x, x, x, mask, pos_emb), None
+        return self.forward_chunk(x, mask, pos_emb, cache)
+
     def forward_chunk(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor, cache: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """Self-attention of a chunk of a stream over the keys and values of the frames before it (``cache``)

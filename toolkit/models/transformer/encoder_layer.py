@@ -50,11 +50,7 @@ class TransformerEncoderLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.norm1(x)
-        new_att_cache: Optional[torch.Tensor] = None
-        if att_cache is None:
-            attended = self.self_attn(x, x, x, mask, pos_emb)
-        else:
-            attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
+        attended, new_att_cache = self.self_attn.self_attend(x, mask, pos_emb, att_cache)
         x = residual + self.dropout(attended)
         if not self.normalize_before:
             x = self.norm1(x)
@@ -133,11 +129,7 @@ class ConformerEncoderLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.norm_mha(x)
-        new_att_cache: Optional[torch.Tensor] = None
-        if att_cache is None:
-            attended = self.self_attn(x, x, x, mask, pos_emb)
-        else:
-            attended, new_att_cache = self.self_attn.forward_chunk(x, mask, pos_emb, att_cache)
+        attended, new_att_cache = self.self_attn.self_attend(x, mask, pos_emb, att_cache)
         x = residual + self.dropout(attended)
         if not self.normalize_before:
             x = self.norm_mha(x)
