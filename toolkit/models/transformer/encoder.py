@@ -423,12 +423,29 @@ class BaseEncoder(nn.Module):
             xs = self._condition(xs, i, None)
         return self._final_norm(xs), torch.cat(new_att_caches, dim=0), torch.stack(new_cnn_caches)
 
+    def chunk_windows(self, decoding_chunk_size: int, num_decoding_left_chunks: int = -1) -> tuple[int, int, int]:
+        """How a stream feeds :meth:`forward_chunk` chunks of ``decoding_chunk_size`` C encoder frames seeing
+        ``num_decoding_left_chunks`` chunks to their left (-1: all): ``(stride, window, required_cache_size)``, a
+        window of (C - 1) x rate + receptive field fbank frames every C x rate frames (rate: the front end's
+        subsampling), so each encoder frame sees exactly the fbank frames it sees in :meth:`forward`, and the
+        attention cache to keep (-1: all).
+
+        Raises:
+            ValueError: ``decoding_chunk_size`` < 1 or ``num_decoding_left_chunks`` < -1.
+        """
+        if decoding_chunk_size < 1 or num_decoding_left_chunks < -1:
+            raise ValueError(f"decoding_chunk_size {decoding_chunk_size} / num_decoding_left_chunks "
+                             f"{num_decoding_left_chunks}: chunk by chunk needs a chunk > 0 encoder frames and "
+                             "left chunks >= 0 or -1 (all)")
+        rate = self.embed.rate
+        required_cache_size = decoding_chunk_size * num_decoding_left_chunks if num_decoding_left_chunks >= 0 else -1
+        return rate * decoding_chunk_size, (decoding_chunk_size - 1) * rate + self.embed.receptive_field, \
+            required_cache_size
+
     def forward_chunk_by_chunk(self, xs: torch.Tensor, decoding_chunk_size: int, num_decoding_left_chunks: int = -1
                                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode one utterance as a stream, chunk by chunk through :meth:`forward_chunk` with its caches; the
-        front end gets overlapping windows of (C - 1) x rate + receptive field fbank frames every C x rate frames
-        (rate: the subsampling rate), so each encoder frame sees exactly the fbank frames it sees in
-        :meth:`forward`. In eval mode this equals :meth:`forward` with the same ``decoding_chunk_size`` and
+        """Encode one utterance as a stream, chunk by chunk through :meth:`forward_chunk` with its caches, in the
+        windows of :meth:`chunk_windows`. In eval mode this equals :meth:`forward` with the same ``decoding_chunk_size`` and
         ``num_decoding_left_chunks`` up to rounding.
 
         Args:
@@ -441,16 +458,10 @@ class BaseEncoder(nn.Module):
             (1, 1, T') all True.
 
         Raises:
-            ValueError: ``decoding_chunk_size`` < 1, ``num_decoding_left_chunks`` < -1, or as :meth:`forward_chunk`.
+            ValueError: as :meth:`chunk_windows` and :meth:`forward_chunk`.
         """
-        if decoding_chunk_size < 1 or num_decoding_left_chunks < -1:
-            raise ValueError(f"decoding_chunk_size {decoding_chunk_size} / num_decoding_left_chunks "
-                             f"{num_decoding_left_chunks}: chunk by chunk needs a chunk > 0 encoder frames and "
-                             "left chunks >= 0 or -1 (all)")
-        rate, context = self.embed.rate, self.embed.receptive_field
-        stride = rate * decoding_chunk_size
-        window = (decoding_chunk_size - 1) * rate + context
-        required_cache_size = decoding_chunk_size * num_decoding_left_chunks if num_decoding_left_chunks >= 0 else -1
+        stride, window, required_cache_size = self.chunk_windows(decoding_chunk_size, num_decoding_left_chunks)
+        context = self.embed.receptive_field
         att_cache = cnn_cache = xs.new_zeros(0, 0, 0, 0)
         outputs = [xs.new_zeros(1, 0, self._output_size)]
         offset = 0

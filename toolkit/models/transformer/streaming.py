@@ -17,9 +17,9 @@ class StreamingDecoder:
     """One utterance of ``model`` decoded chunk by chunk; call :meth:`accept` as fbank frames arrive, then
     :meth:`finish` once.
 
-    The fbank windows are those of :meth:`BaseEncoder.forward_chunk_by_chunk`: (C - 1) x rate + receptive field
-    frames every C x rate frames (rate: the front end's subsampling, 4 for conv2d; receptive field 7 frames), so a
-    window runs as soon as its last frame has arrived, and the results equal the encoder's masked whole-utterance
+    The fbank windows are the encoder's (:meth:`BaseEncoder.chunk_windows`: (C - 1) x rate + receptive field frames
+    every C x rate frames; rate 4 and receptive field 7 for conv2d), so a window runs as soon as its last frame has
+    arrived, and the results equal the encoder's masked whole-utterance
     forward at the same ``decoding_chunk_size`` and ``num_decoding_left_chunks`` (up to float rounding), every
     decoding method included.
 
@@ -32,23 +32,16 @@ class StreamingDecoder:
         lm: language model fused into the prefix beam search, or None.
 
     Raises:
-        ValueError: ``decoding_chunk_size`` < 1 or ``num_decoding_left_chunks`` < -1 (the encoder's refusals of
-            :meth:`BaseEncoder.forward_chunk` come with the first chunk).
+        ValueError: ``decoding_chunk_size`` < 1 or ``num_decoding_left_chunks`` < -1 (:meth:`BaseEncoder.chunk_windows`;
+            the encoder's refusals of :meth:`BaseEncoder.forward_chunk` come with the first chunk).
     """
 
     def __init__(self, model, decoding_chunk_size: int, num_decoding_left_chunks: int = -1, beam_size: int = 10,
                  lm: PrefixLM | None = None):
-        if decoding_chunk_size < 1 or num_decoding_left_chunks < -1:
-            raise ValueError(f"decoding_chunk_size {decoding_chunk_size} / num_decoding_left_chunks "
-                             f"{num_decoding_left_chunks}: a stream needs a chunk > 0 encoder frames and left chunks "
-                             ">= 0 or -1 (all)")
         self.model, self.lm = model, lm
-        embed = model.encoder.embed
-        self.context = embed.receptive_field
-        self.stride = embed.rate * decoding_chunk_size
-        self.window = (decoding_chunk_size - 1) * embed.rate + self.context
-        self.required_cache_size = (decoding_chunk_size * num_decoding_left_chunks if num_decoding_left_chunks >= 0
-                                    else -1)
+        self.stride, self.window, self.required_cache_size = model.encoder.chunk_windows(decoding_chunk_size,
+                                                                                      num_decoding_left_chunks)
+        self.context = model.encoder.embed.receptive_field
         self.search = CtcPrefixBeamSearch(beam_size, lm)
         self.partial: list[Hypothesis] = []
         self._pending = torch.zeros(0, 0)  # fbank frames from the next window's start on
