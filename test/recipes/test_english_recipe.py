@@ -22,7 +22,6 @@ learning model from a slightly better one (runs of one config ranged over more t
 import json
 import os
 import re
-import subprocess
 
 from test.helpers import REPO_ROOT
 
@@ -36,19 +35,13 @@ def read_results(path):
     return rows
 
 
-def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
-    cmd = ["bash", os.path.join(REPO_ROOT, "run.sh"), "--corpora", "fsdd", "--train_config", "conf/train_tiny.yaml",
-           "--data", str(tmp_path / "data"), "--dir", str(tmp_path / "exp"),
-           "--tensorboard_dir", str(tmp_path / "tensorboard"),
-           "--decode_modes", "ctc_greedy_search attention_rescoring"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    exp = tmp_path / "exp"
+def test_fsdd_recipe_learns_an_unseen_speaker(fsdd_recipe):
+    exp, data = fsdd_recipe.exp, fsdd_recipe.data
     assert (exp / "train.yaml").exists()
     for epoch in range(15):
         assert (exp / f"epoch_{epoch}.pt").exists() and (exp / f"epoch_{epoch}.yaml").exists()
     assert (exp / "avg_3.pt").exists()
-    assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tensorboard" / "exp"))
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(fsdd_recipe.tensorboard / "exp"))
     results = read_results(exp / "RESULTS.md")
     utts, wer_rescoring = results[("test_fsdd", "attention_rescoring")]
     _, wer_greedy = results[("test_fsdd", "ctc_greedy_search")]
@@ -62,8 +55,8 @@ def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
     # run.sh's search settings reach recognize; the right-to-left weight is the model's (train_tiny: no such decoder)
     assert decoding["search"] == {"ctc_weight": 0.5, "reverse_weight": 0.0, "decoding_chunk_size": -1,
                                   "num_decoding_left_chunks": -1, **defaults}
-    assert decoding["lm"]["path"].endswith("lm/lm_3gram.arpa") and (tmp_path / "data/lm/lm_3gram.arpa").is_file()
-    spelling = tmp_path / "data/lm/spelling_6gram_30000common.arpa"  # the recipe's default, built in stage 2
+    assert decoding["lm"]["path"].endswith("lm/lm_3gram.arpa") and (data / "lm/lm_3gram.arpa").is_file()
+    spelling = data / "lm/spelling_6gram_30000common.arpa"  # the recipe's default, built in stage 2
     assert decoding["lm"]["spelling_lm"] == str(spelling) and spelling.is_file()
     words = decoding["scores"]["attention_rescoring"]["word"]  # recognize's own score is the table's
     assert words["N"] == 500 and round(100 * (words["S"] + words["D"] + words["I"]) / 500, 2) == wer_rescoring
@@ -71,5 +64,5 @@ def test_fsdd_recipe_learns_an_unseen_speaker(tmp_path):
     assert wer_greedy < 50.0, results  # learning runs 16.8-25.6, broken 100-109
     # The real-time factor counts the audio, not the padding (433 of the 500 clips are under 0.5 s): each clip's
     # fbank frames cover its duration less 15-25 ms (the last partial frame), whether padded or not.
-    seconds = sum(float(line.split()[1]) for line in open(tmp_path / "data/test_fsdd/utt2dur", encoding="utf-8"))
+    seconds = sum(float(line.split()[1]) for line in open(data / "test_fsdd/utt2dur", encoding="utf-8"))
     assert seconds - 0.026 * 500 < decoding["audio_s"] < seconds - 0.014 * 500, (decoding["audio_s"], seconds)
