@@ -10,6 +10,11 @@ Usage (the recipe's stage 5 runs the torchrun form with ``--decode_nproc_per_nod
 
     python -m toolkit.bin.recognize ...        # the same options, one rank
 
+The search's settings (beam, weights, LM, chunks; ``--modes``: its ``mode``) and the checkpoint default to the
+model dir's ``decode.yaml`` (the recipe's tuned settings, :mod:`toolkit.inference.decode_conf`); an option given
+here overrides its key. The model dir is the directory of ``--config``; the files its ``train.yaml`` names (symbol
+table, BPE model, CMVN) are read from there (:func:`toolkit.inference.loader.load_asr_model`).
+
 Writes, from global rank 0, per mode ``<result_dir>/<mode>/text`` (``key hyp`` lines in the data.list's order),
 ``<mode>/wer`` and ``<mode>/cer`` (``N=.. C=.. S=.. D=.. I=..`` and the rate, the format of
 ``tools/compute_wer.py``), and ``<result_dir>/decode_summary.json`` (utterance counts, skips by reason, audio
@@ -54,6 +59,7 @@ from toolkit.distributed.gather import JobResults, RankResults, gather_results
 from toolkit.distributed.main_only import main_process_only
 from toolkit.distributed.metrics import score_across_ranks
 from toolkit.distributed.progress import JobProgress
+from toolkit.bin.decoding_options import DECODE_OPTIONS, LM_OPTIONS, add_decoding_options, merge_decoding_options
 from toolkit.inference.decode_conf import DecodeConf
 from toolkit.inference.loader import load_asr_model, load_lm
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
@@ -63,9 +69,6 @@ from toolkit.utils.checkpoint import atomic_write
 from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
 from toolkit.utils.shutdown import freeze_at_exit
-LM_OPTIONS = ("lm_weight", "word_bonus", "oov_penalty", "spelling_lm")
-DECODE_OPTIONS = ("beam_size", "ctc_weight", "reverse_weight", "length_penalty", "lm", *LM_OPTIONS,
-                  "decoding_chunk_size", "num_decoding_left_chunks")
 # NOTE: these skips lose utterances before their key is read, so they cannot be scored as deletions here.
 UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
 
@@ -81,6 +84,8 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--num_threads", type=int, default=0,
                         help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
+    parser.add_argument("--modes", nargs="+", help=f"one or more of {', '.join(DECODING_METHODS)} (default: the "
+                                                   f"model dir's decode.yaml mode, else {DecodeConf().mode})")
     parser.add_argument("--simulate_streaming", action="store_true",
                         help="with --decoding_chunk_size N > 0: decode each utterance as a stream, the encoder chunk "
                              "by chunk with its attention and convolution caches and the CTC prefix beam search fed "
@@ -94,66 +99,6 @@ def get_args(argv=None) -> argparse.Namespace:
         if error:
             raise ConfigError(f"--modes: {error}")
     return args
-
-
-def add_decoding_options(parser: argparse.ArgumentParser) -> None:
-    """The search's options (``recognize.py`` and ``toolkit-transcribe``): each defaults to the model dir's
-    ``decode.yaml`` (:mod:`toolkit.inference.decode_conf`), else to :class:`DecodeConf`'s default."""
-    defaults = DecodeConf()
-    parser.add_argument("--modes", nargs="+",
-                        help=f"one or more of {', '.join(DECODING_METHODS)} (default: decode.yaml's mode, else "
-                             f"{defaults.mode})")
-    parser.add_argument("--beam_size", type=int, help=f"default {defaults.beam_size}")
-    parser.add_argument("--ctc_weight", type=float,
-                        help=f"CTC weight in attention rescoring (default {defaults.ctc_weight})")
-    parser.add_argument("--reverse_weight", type=float,
-                        help="weight of the right-to-left decoder's score in attention rescoring, in [0, 1] "
-                             "(decoder: bitransformer only; default: the model's model_conf.reverse_weight)")
-    parser.add_argument("--length_penalty", type=float,
-                        help="added to a hypothesis' log-probability per token, in attention (on top of its length "
-                             "normalisation) and attention rescoring; > 0 favours longer outputs (default "
-                             f"{defaults.length_penalty})")
-    parser.add_argument("--lm",
-                        help="word n-gram LM (ARPA, or a KenLM binary with --oov_penalty 0; e.g. from "
-                             "tools/train_ngram_lm.py) fused into ctc_prefix_beam_search and so into "
-                             "attention_rescoring's n-best; empty: none")
-    parser.add_argument("--lm_weight", type=float, help=f"with --lm: weight of its natural-log score (default "
-                                                        f"{defaults.lm_weight})")
-    parser.add_argument("--word_bonus", type=float, help=f"with --lm: added per word of a hypothesis (default "
-                                                         f"{defaults.word_bonus})")
-    parser.add_argument("--oov_penalty", type=float,
-                        help="with --lm: added per word outside the LM's vocabulary, and to a prefix from the moment "
-                             f"its last word begins no word of the LM (<= 0; default {defaults.oov_penalty}: off)")
-    parser.add_argument("--spelling_lm",
-                        help="with --lm (ARPA): letter n-gram LM of words (tools/train_ngram_lm.py --spelling) that "
-                             "scores the spelling of each word outside the LM's vocabulary, on top of its <unk> "
-                             "probability and --oov_penalty; empty: none")
-    parser.add_argument("--decoding_chunk_size", type=int,
-                        help="encoder self-attention in chunks of N > 0 encoder frames (40 ms each after conv2d), as "
-                             "a stream would see them (masked over the whole utterance); -1: full context (default "
-                             f"{defaults.decoding_chunk_size})")
-    parser.add_argument("--num_decoding_left_chunks", type=int,
-                        help="with --decoding_chunk_size N > 0: chunks to the left each chunk sees, >= 0; -1: all")
-
-
-def apply_decode_conf(args: argparse.Namespace, decode_conf: DecodeConf) -> None:
-    """Fill each decoding option not given (None) from ``decode_conf``; ``--modes`` from its ``mode``.
-
-    Raises:
-        ConfigError: an option's value out of range (the check of :class:`DecodeConf`, naming the option).
-    """
-    given = {name: getattr(args, name) for name in DECODE_OPTIONS if getattr(args, name) is not None}
-    try:
-        merged = dataclasses.replace(decode_conf, **given)
-    except ConfigError as e:
-        raise ConfigError(f"--{e}") from e
-    for name in DECODE_OPTIONS:
-        setattr(args, name, getattr(merged, name))
-    if args.modes is None:
-        args.modes = [decode_conf.mode]
-    if getattr(args, "simulate_streaming", False) and args.decoding_chunk_size < 1:
-        raise ConfigError(f"--simulate_streaming needs --decoding_chunk_size > 0 (encoder frames per chunk), got "
-                          f"{args.decoding_chunk_size}")
 
 
 def decoding_dataset_conf(conf: DatasetConf, batch_size: int) -> DatasetConf:
@@ -329,7 +274,14 @@ def main(argv=None) -> None:
     loaded = load_asr_model(args.config, args.checkpoint, args.override_config, ctx.device)
     config, tokenizer, model, args.checkpoint = loaded.config, loaded.tokenizer, loaded.model, loaded.checkpoint
     given_lm_options = [f"--{name}" for name in LM_OPTIONS if getattr(args, name) is not None]
-    apply_decode_conf(args, loaded.decode_conf)
+    decode_conf = merge_decoding_options(args, loaded.decode_conf)
+    for name in DECODE_OPTIONS:
+        setattr(args, name, getattr(decode_conf, name))
+    if args.modes is None:
+        args.modes = [decode_conf.mode]
+    if args.simulate_streaming and args.decoding_chunk_size < 1:
+        raise ConfigError(f"--simulate_streaming needs --decoding_chunk_size > 0 (encoder frames per chunk), got "
+                          f"{args.decoding_chunk_size}")
     # 3. the options checked against the model
     try:  # the encoder's own check (a time-reduced encoder has no chunks), before any data is read
         model.encoder.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool), args.decoding_chunk_size,
