@@ -95,6 +95,17 @@ def read_config(path: str, overrides: list[str] = ()) -> Config:
     return typed(Config, apply_overrides(raw, list(overrides)), "")
 
 
+def model_files(config: Config) -> dict[tuple[str, str], str]:
+    """``{(section, key): path}`` of the :data:`MODEL_FILES` that ``config``'s model reads (the CMVN file only with
+    ``cmvn`` set)."""
+    used = {}
+    for section, key in MODEL_FILES:
+        path = getattr(config, section).get(key)
+        if path and (section != "cmvn_conf" or config.cmvn is not None):
+            used[section, key] = path
+    return used
+
+
 def save_model_dir_config(config: Config, model_dir: str) -> None:
     """Copy the config's :data:`MODEL_FILES` into ``model_dir`` (each atomically, under its fixed name) and write
     ``model_dir/train.yaml`` naming those copies relative to ``model_dir``: the dir then holds everything inference
@@ -104,10 +115,8 @@ def save_model_dir_config(config: Config, model_dir: str) -> None:
         ConfigError: a model file named by the config does not exist.
     """
     saved = copy.deepcopy(config.to_dict())
-    for (section, key), name in MODEL_FILES.items():
-        source = saved[section].get(key)
-        if not source:
-            continue
+    for (section, key), source in model_files(config).items():
+        name = MODEL_FILES[section, key]
         if not os.path.isfile(source):
             raise ConfigError(f"{section}.{key} {source}: no such file")
         target = os.path.join(model_dir, name)
@@ -123,10 +132,9 @@ def resolve_model_files(config: Config, model_dir: str) -> Config:
     file in ``model_dir``. A train.yaml written before model dirs held their files names them relative to the recipe
     dir: such a path that is not in ``model_dir`` but exists from the current directory is kept as it is."""
     resolved = copy.deepcopy(config)
-    for (section, key), _ in MODEL_FILES.items():
+    for (section, key), path in model_files(config).items():
         conf = getattr(resolved, section)
-        path = conf.get(key)
-        if path and not os.path.isabs(path):
+        if not os.path.isabs(path):
             inside = os.path.join(model_dir, path)
             conf[key] = inside if os.path.exists(inside) or not os.path.exists(path) else path
     return resolved

@@ -312,7 +312,7 @@ def main(argv=None) -> None:
                         " and ".join(LM_METHODS))
         args.lm = ""
     if args.lm:
-        lm = load_lm(tokenizer, args.lm, args.lm_weight, args.word_bonus, args.oov_penalty, args.spelling_lm, "--lm")
+        lm = load_lm(tokenizer, args.lm, args.lm_weight, args.word_bonus, args.oov_penalty, args.spelling_lm, "--")
     dataset_conf = decoding_dataset_conf(config.dataset_conf, args.batch_size)
     dataset = build_dataset(args.test_data, tokenizer, dataset_conf, mode="test", rank=ctx.rank,
                             world_size=ctx.world_size)

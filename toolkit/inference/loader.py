@@ -16,7 +16,7 @@ from toolkit.inference.decode_conf import DecodeConf, read_decode_conf
 from toolkit.models.registry import init_model
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
-from toolkit.train_config import MODEL_FILES, Config, read_config, resolve_model_files
+from toolkit.train_config import Config, model_files, read_config, resolve_model_files
 from toolkit.utils.checkpoint import MODEL_KEY, check_model_state, list_checkpoints, load_checkpoint
 from toolkit.utils.config_parsing import ConfigError
 
@@ -89,9 +89,8 @@ def load_asr_model(config_path: str, checkpoint: str | None = None, overrides: l
     """
     model_dir = os.path.dirname(os.path.abspath(config_path))
     config = resolve_model_files(read_config(config_path, overrides), model_dir)
-    for (section, key), _ in MODEL_FILES.items():
-        path = getattr(config, section).get(key)
-        if path and not os.path.isfile(path):
+    for (section, key), path in model_files(config).items():
+        if not os.path.isfile(path):
             raise ConfigError(f"{config_path}: {section}.{key} {path}: no such file (in {model_dir} or from "
                               f"{os.getcwd()})")
     decode_conf = read_decode_conf(model_dir)
@@ -113,14 +112,15 @@ def load_asr_model(config_path: str, checkpoint: str | None = None, overrides: l
 
 
 def load_lm(tokenizer, path: str, lm_weight: float, word_bonus: float, oov_penalty: float,
-            spelling_lm: str = "", option: str = "lm") -> WordNgramLM:
+            spelling_lm: str = "", prefix: str = "") -> WordNgramLM:
     """The word n-gram LM at ``path`` over ``tokenizer``'s units (:class:`~toolkit.text.ngram_lm.WordNgramLM`).
 
     Raises:
-        ConfigError: it (or ``spelling_lm``) is unreadable or not an LM: one line starting with ``option`` and the
-            path.
+        ConfigError: it (or ``spelling_lm``) is unreadable or not an LM: one line naming ``{prefix}lm`` (and
+            ``{prefix}spelling_lm``) with the paths (``prefix``: ``--`` for a command's options).
     """
-    spelling = f" / spelling LM {spelling_lm}" if spelling_lm else ""
+    option = f"{prefix}lm"
+    spelling = f" / {prefix}spelling_lm {spelling_lm}" if spelling_lm else ""
     try:
         lm = WordNgramLM(path, tokenizer.id_to_symbol, lm_weight, word_bonus, oov_penalty, spelling_lm)
     except UnicodeDecodeError as e:

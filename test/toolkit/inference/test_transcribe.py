@@ -170,3 +170,21 @@ def test_a_model_dir_that_cannot_be_used_is_one_line(model_dir, tmp_path, case, 
     with pytest.raises(ConfigError) as e:
         transcribe.main(argv)
     assert str(e.value).startswith(message.format(d=d)), str(e.value)
+
+
+def test_a_streaming_model_gives_partial_results_and_the_masked_decodings_result(tmp_path, capsys):
+    config, checkpoint = write_model(tmp_path, "encoder_conf {use_dynamic_chunk: true, causal: true}")
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    save_model_dir_config(read_config(config), str(exp))
+    for suffix in (".pt", ".yaml"):
+        shutil.copy(checkpoint[:-3] + suffix, exp / f"epoch_0{suffix}")
+    (exp / "decode.yaml").write_text(yaml.safe_dump({"beam_size": 3, "streaming_chunk_size": 4}))
+    wav = fsdd_test_entries()[7]["wav"]
+    results = list(toolkit.load_model(str(exp)).stream(wav))
+    assert [r.partial for r in results] == [True] * (len(results) - 1) + [False] and len(results) >= 3
+    masked = toolkit.load_model(str(exp), decoding_chunk_size=4).transcribe(wav)
+    assert results[-1] == masked  # the stream's two passes equal the masked whole-utterance decoding (U2)
+    assert transcribe.main(["--model_dir", str(exp), "--streaming", wav]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"theo-3-01 (partial) {r.text}" for r in results[:-1]] + [f"theo-3-01 {masked.text}"]
