@@ -98,6 +98,7 @@ def get_args(argv=None) -> argparse.Namespace:
         error = decoding_modes_error(args.modes)
         if error:
             raise ConfigError(f"--modes: {error}")
+    merge_decoding_options(args, DecodeConf())  # the values given, checked before anything is loaded
     return args
 
 

@@ -27,6 +27,7 @@ line and exit status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ import sys
 import torch
 
 from toolkit.bin.decoding_options import add_decoding_options, merge_decoding_options
+from toolkit.inference.decode_conf import DecodeConf
 from toolkit.inference.loader import config_path_of, load_asr_model
 from toolkit.inference.transcriber import AudioError, Transcriber, Transcript, key_of
 from toolkit.models.transformer.asr_model import DECODING_METHODS
@@ -59,7 +61,9 @@ def get_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num_threads", type=int, default=0, help="CPU threads (0: torch's default)")
     add_decoding_options(parser)
     parser.add_argument("inputs", nargs="+", metavar="AUDIO_OR_WAV_SCP")
-    return parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    merge_decoding_options(args, DecodeConf())  # the values given, checked before the model is loaded
+    return args
 
 
 def recordings(inputs: list[str], wav_root: str | None):
@@ -93,7 +97,7 @@ def main(argv=None) -> int:
     loaded = load_asr_model(config_path_of(args.model_dir), args.checkpoint, device=args.device)
     decode_conf = merge_decoding_options(args, loaded.decode_conf)
     if args.mode:
-        decode_conf = type(decode_conf)(**{**decode_conf.__dict__, "mode": args.mode})
+        decode_conf = dataclasses.replace(decode_conf, mode=args.mode)
     transcriber = Transcriber(loaded, decode_conf)
     if args.streaming and not transcriber.streaming:
         raise ConfigError(f"--streaming: {args.model_dir} was trained with full context (encoder_conf has neither "
