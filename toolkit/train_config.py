@@ -79,7 +79,9 @@ class Config:
 
 
 def read_config(path: str, overrides: list[str] = ()) -> Config:
-    """Read ``path``, apply the ``--override_config`` items, and resolve every section once.
+    """Read ``path``, apply the ``--override_config`` items, and resolve every section once; a relative path of
+    :data:`MODEL_FILES` names the file in ``path``'s directory when there is one (a model dir's train.yaml), else
+    is kept, relative to the current directory (:func:`resolve_model_files`).
 
     Every key of :class:`Config` and of the typed sections can be overridden even when the YAML leaves it out; a
     mapping value is merged into the section it replaces (see :func:`toolkit.utils.config_parsing.apply_overrides`).
@@ -92,7 +94,8 @@ def read_config(path: str, overrides: list[str] = ()) -> Config:
     raw = {**Config().to_dict(), "input_dim": None, **given,
            "dataset_conf": fill_dataset_defaults(given.get("dataset_conf")),
            "train_conf": fill_train_defaults(given.get("train_conf"))}
-    return typed(Config, apply_overrides(raw, list(overrides)), "")
+    return resolve_model_files(typed(Config, apply_overrides(raw, list(overrides)), ""),
+                               os.path.dirname(os.path.abspath(path)))
 
 
 def model_files(config: Config) -> dict[tuple[str, str], str]:
@@ -128,9 +131,10 @@ def save_model_dir_config(config: Config, model_dir: str) -> None:
 
 
 def resolve_model_files(config: Config, model_dir: str) -> Config:
-    """``config`` (read from ``model_dir``'s ``train.yaml``) with each relative path of :data:`MODEL_FILES` made the
-    file in ``model_dir``. A train.yaml written before model dirs held their files names them relative to the recipe
-    dir: such a path that is not in ``model_dir`` but exists from the current directory is kept as it is."""
+    """``config`` (read from a file in ``model_dir``) with each relative path of :data:`MODEL_FILES` made the file in
+    ``model_dir`` when it is there or nowhere else. A path that is not in ``model_dir`` but exists from the current
+    directory is kept as it is: a recipe's ``conf/*.yaml`` with paths overridden relative to the recipe dir, or a
+    train.yaml written before model dirs held their files."""
     resolved = copy.deepcopy(config)
     for (section, key), path in model_files(config).items():
         conf = getattr(resolved, section)

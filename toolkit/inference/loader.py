@@ -1,6 +1,6 @@
 """One loader of a trained model for every consumer (``recognize.py``, ``toolkit-transcribe``,
 :func:`toolkit.load_model`, the export): the model dir's ``train.yaml`` with its files resolved against the dir
-(:func:`toolkit.train_config.resolve_model_files`), the tokenizer checked against the model, the model with the
+(:func:`toolkit.train_config.read_config`), the tokenizer checked against the model, the model with the
 checkpoint's weights, the dir's decoding settings (:mod:`toolkit.inference.decode_conf`), and the word LM they name.
 """
 
@@ -16,7 +16,7 @@ from toolkit.inference.decode_conf import DecodeConf, read_decode_conf
 from toolkit.models.registry import init_model
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
-from toolkit.train_config import Config, model_files, read_config, resolve_model_files
+from toolkit.train_config import Config, model_files, read_config
 from toolkit.utils.checkpoint import MODEL_KEY, check_model_state, list_checkpoints, load_checkpoint
 from toolkit.utils.config_parsing import ConfigError
 
@@ -88,7 +88,7 @@ def load_asr_model(config_path: str, checkpoint: str | None = None, overrides: l
             checkpoint is missing, unreadable or of another model (one line naming the file).
     """
     model_dir = os.path.dirname(os.path.abspath(config_path))
-    config = resolve_model_files(read_config(config_path, overrides), model_dir)
+    config = read_config(config_path, overrides)  # the model files resolved against the model dir
     for (section, key), path in model_files(config).items():
         if not os.path.isfile(path):
             raise ConfigError(f"{config_path}: {section}.{key} {path}: no such file (in {model_dir} or from "

@@ -51,17 +51,15 @@ def test_the_model_dir_holds_the_files_train_yaml_names(model_dir):
 
 def test_paths_resolve_in_the_model_dir_and_an_older_train_yaml_from_the_recipe_dir(model_dir, tmp_path,
                                                                                        monkeypatch):
-    # a train.yaml written before model dirs held their files names them relative to the recipe dir (cwd)
-    from toolkit.train_config import resolve_model_files
+    monkeypatch.chdir(tmp_path)
     config = read_config(str(model_dir / "train.yaml"))
-    resolved = resolve_model_files(config, str(model_dir))
-    assert resolved.tokenizer_conf["symbol_table_path"] == str(model_dir / "units.txt")
-    assert resolved.cmvn_conf["cmvn_file"] == str(model_dir / "global_cmvn")
+    assert config.tokenizer_conf["symbol_table_path"] == str(model_dir / "units.txt")
+    assert config.cmvn_conf["cmvn_file"] == str(model_dir / "global_cmvn")
+    # a train.yaml written before model dirs held their files names them relative to the recipe dir (cwd)
     (tmp_path / "data" / "dict").mkdir(parents=True)
     shutil.copy(model_dir / "units.txt", tmp_path / "data" / "dict" / "units.txt")
-    monkeypatch.chdir(tmp_path)
     older = read_config(str(model_dir / "train.yaml"), ["tokenizer_conf.symbol_table_path data/dict/units.txt"])
-    assert resolve_model_files(older, str(model_dir)).tokenizer_conf["symbol_table_path"] == "data/dict/units.txt"
+    assert older.tokenizer_conf["symbol_table_path"] == "data/dict/units.txt"
 
 
 def test_transcribe_gives_recognizes_hypotheses_with_decode_yaml(model_dir, tmp_path):
