@@ -12,17 +12,30 @@ Each section is owned by the code that consumes it: ``train_conf`` by the traine
 ``dataset_conf.fbank_conf.num_mel_bins`` and its vocabulary size from the symbol table; ``train.yaml`` records both
 as ``input_dim``/``output_dim`` so that a decoder can check the features and the table it is given against the
 trained model.
+
+The files a model needs besides its weights (:data:`MODEL_FILES`: symbol table, BPE model, CMVN stats) travel with
+the model dir: the trainer copies them there under fixed names and its ``train.yaml`` names them relative to the
+model dir (:func:`save_model_dir_config`); a decoder resolves them against the dir that holds the ``train.yaml``
+(:func:`resolve_model_files`), so a model dir copied anywhere still decodes.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Optional
 
 from toolkit.dataset.conf import DatasetConf, fill_dataset_defaults
 from toolkit.engine.train_conf import TrainConf, fill_train_defaults
-from toolkit.utils.config_parsing import apply_overrides, load_config, require, save_config, typed
+from toolkit.utils.checkpoint import atomic_write
+from toolkit.utils.config_parsing import ConfigError, apply_overrides, load_config, require, save_config, typed
+
+# (section, key) of every path in a config that inference reads, and the name its copy takes in the model dir
+MODEL_FILES = {("tokenizer_conf", "symbol_table_path"): "units.txt", ("tokenizer_conf", "bpe_model"): "bpe.model",
+               ("cmvn_conf", "cmvn_file"): "global_cmvn"}
 
 
 @dataclass
@@ -66,7 +79,9 @@ class Config:
 
 
 def read_config(path: str, overrides: list[str] = ()) -> Config:
-    """Read ``path``, apply the ``--override_config`` items, and resolve every section once.
+    """Read ``path``, apply the ``--override_config`` items, and resolve every section once; a relative path of
+    :data:`MODEL_FILES` names the file in ``path``'s directory when there is one (a model dir's train.yaml), else
+    is kept, relative to the current directory (:func:`resolve_model_files`).
 
     Every key of :class:`Config` and of the typed sections can be overridden even when the YAML leaves it out; a
     mapping value is merged into the section it replaces (see :func:`toolkit.utils.config_parsing.apply_overrides`).
@@ -79,4 +94,51 @@ def read_config(path: str, overrides: list[str] = ()) -> Config:
     raw = {**Config().to_dict(), "input_dim": None, **given,
            "dataset_conf": fill_dataset_defaults(given.get("dataset_conf")),
            "train_conf": fill_train_defaults(given.get("train_conf"))}
-    return typed(Config, apply_overrides(raw, list(overrides)), "")
+    return resolve_model_files(typed(Config, apply_overrides(raw, list(overrides)), ""),
+                               os.path.dirname(os.path.abspath(path)))
+
+
+def model_files(config: Config) -> dict[tuple[str, str], str]:
+    """``{(section, key): path}`` of the :data:`MODEL_FILES` that ``config``'s model reads (the CMVN file only with
+    ``cmvn`` set)."""
+    used = {}
+    for section, key in MODEL_FILES:
+        path = getattr(config, section).get(key)
+        if path and (section != "cmvn_conf" or config.cmvn is not None):
+            used[section, key] = path
+    return used
+
+
+def save_model_dir_config(config: Config, model_dir: str) -> None:
+    """Copy the config's :data:`MODEL_FILES` into ``model_dir`` (each atomically, under its fixed name) and write
+    ``model_dir/train.yaml`` naming those copies relative to ``model_dir``: the dir then holds everything inference
+    needs besides the decoding settings (``decode.yaml``, written by the recipe).
+
+    Raises:
+        ConfigError: a model file named by the config does not exist.
+    """
+    saved = copy.deepcopy(config.to_dict())
+    for (section, key), source in model_files(config).items():
+        name = MODEL_FILES[section, key]
+        if not os.path.isfile(source):
+            raise ConfigError(f"{section}.{key} {source}: no such file")
+        target = os.path.join(model_dir, name)
+        if not (os.path.exists(target) and os.path.samefile(source, target)):
+            with open(source, "rb") as src:
+                atomic_write(target, lambda f: shutil.copyfileobj(src, f))
+        saved[section][key] = name
+    save_config(saved, os.path.join(model_dir, "train.yaml"))
+
+
+def resolve_model_files(config: Config, model_dir: str) -> Config:
+    """``config`` (read from a file in ``model_dir``) with each relative path of :data:`MODEL_FILES` made the file in
+    ``model_dir`` when it is there or nowhere else. A path that is not in ``model_dir`` but exists from the current
+    directory is kept as it is: a recipe's ``conf/*.yaml`` with paths overridden relative to the recipe dir, or a
+    train.yaml written before model dirs held their files."""
+    resolved = copy.deepcopy(config)
+    for (section, key), path in model_files(config).items():
+        conf = getattr(resolved, section)
+        if not os.path.isabs(path):
+            inside = os.path.join(model_dir, path)
+            conf[key] = inside if os.path.exists(inside) or not os.path.exists(path) else path
+    return resolved

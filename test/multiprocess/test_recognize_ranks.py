@@ -174,7 +174,7 @@ def test_a_refusal_on_every_rank_is_one_line_through_the_launcher(model, thirtee
                           cwd=REPO_ROOT)
     assert proc.returncode == 2, proc.stderr[-4000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    message = (f"--checkpoint {checkpoint} (--config {tmp_path / 'other.yaml'}) holds another model than this "
+    message = (f"checkpoint {checkpoint} ({tmp_path / 'other.yaml'}) holds another model than this "
                "config's: encoder.embed.out.weight is (96, 608) in the checkpoint, (64, 608) in this config's model "
                "(104 keys differ); use the config it was trained with (the train.yaml beside it)")
     assert errors in ([f"error: rank 0: {message}"], [f"error: rank 1: {message}"]), proc.stderr[-4000:]  # the first

@@ -55,9 +55,12 @@ def test_fsdd_recipe_learns_an_unseen_speaker(fsdd_recipe):
     # run.sh's search settings reach recognize; the right-to-left weight is the model's (train_tiny: no such decoder)
     assert decoding["search"] == {"ctc_weight": 0.5, "reverse_weight": 0.0, "decoding_chunk_size": -1,
                                   "num_decoding_left_chunks": -1, **defaults}
-    assert decoding["lm"]["path"].endswith("lm/lm_3gram.arpa") and (data / "lm/lm_3gram.arpa").is_file()
-    spelling = data / "lm/spelling_6gram_30000common.arpa"  # the recipe's default, built in stage 2
-    assert decoding["lm"]["spelling_lm"] == str(spelling) and spelling.is_file()
+    # the LMs of stage 2, decoded from their copies in the model dir (decode.yaml names them)
+    assert decoding["lm"]["path"] == str(exp / "lm/lm_3gram.arpa")
+    assert (exp / "lm/lm_3gram.arpa").read_bytes() == (data / "lm/lm_3gram.arpa").read_bytes()
+    spelling = "lm/spelling_6gram_30000common.arpa"  # the recipe's default, built in stage 2
+    assert decoding["lm"]["spelling_lm"] == str(exp / spelling)
+    assert (exp / spelling).read_bytes() == (data / spelling).read_bytes()
     words = decoding["scores"]["attention_rescoring"]["word"]  # recognize's own score is the table's
     assert words["N"] == 500 and round(100 * (words["S"] + words["D"] + words["I"]) / 500, 2) == wer_rescoring
     assert wer_rescoring < 25.0, results  # learning runs 4.8-11.2, broken 77-100 (module docstring)

@@ -10,6 +10,11 @@ Usage (the recipe's stage 5 runs the torchrun form with ``--decode_nproc_per_nod
 
     python -m toolkit.bin.recognize ...        # the same options, one rank
 
+The search's settings (beam, weights, LM, chunks; ``--modes``: its ``mode``) and the checkpoint default to the
+model dir's ``decode.yaml`` (the recipe's tuned settings, :mod:`toolkit.inference.decode_conf`); an option given
+here overrides its key. The model dir is the directory of ``--config``; the files its ``train.yaml`` names (symbol
+table, BPE model, CMVN) are read from there (:func:`toolkit.inference.loader.load_asr_model`).
+
 Writes, from global rank 0, per mode ``<result_dir>/<mode>/text`` (``key hyp`` lines in the data.list's order),
 ``<mode>/wer`` and ``<mode>/cer`` (``N=.. C=.. S=.. D=.. I=..`` and the rate, the format of
 ``tools/compute_wer.py``), and ``<result_dir>/decode_summary.json`` (utterance counts, skips by reason, audio
@@ -54,17 +59,16 @@ from toolkit.distributed.gather import JobResults, RankResults, gather_results
 from toolkit.distributed.main_only import main_process_only
 from toolkit.distributed.metrics import score_across_ranks
 from toolkit.distributed.progress import JobProgress
-from toolkit.models.registry import init_model
+from toolkit.bin.decoding_options import DECODE_OPTIONS, LM_OPTIONS, add_decoding_options, merge_decoding_options
+from toolkit.inference.decode_conf import DecodeConf
+from toolkit.inference.loader import load_asr_model, load_lm
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
 from toolkit.models.transformer.streaming import StreamingDecoder
 from toolkit.text.ngram_lm import WordNgramLM
-from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
-from toolkit.train_config import read_config
-from toolkit.utils.checkpoint import MODEL_KEY, atomic_write, check_model_state, load_checkpoint
+from toolkit.utils.checkpoint import atomic_write
 from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.metrics import COUNT_NAMES, UNITS, format_report
 from toolkit.utils.shutdown import freeze_at_exit
-LM_DEFAULTS = {"lm_weight": 0.5, "word_bonus": 0.0, "oov_penalty": 0.0, "spelling_lm": ""}
 # NOTE: these skips lose utterances before their key is read, so they cannot be scored as deletions here.
 UNLISTED_SKIPS = ("bad_line", "missing_shard", "corrupt_shard")
 
@@ -73,60 +77,28 @@ def get_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the model dir's train.yaml")
     parser.add_argument("--override_config", action="append", default=[])
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint", help="default: the model dir's decode.yaml checkpoint, else its newest "
+                                             "epoch_N.pt")
     parser.add_argument("--test_data", required=True, help="data.list of the test set")
     parser.add_argument("--result_dir", required=True)
-    parser.add_argument("--modes", nargs="+", default=["attention_rescoring"],
-                        help=f"one or more of {', '.join(DECODING_METHODS)}")
-    parser.add_argument("--beam_size", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--ctc_weight", type=float, default=0.5, help="CTC weight in attention rescoring")
-    parser.add_argument("--reverse_weight", type=float,
-                        help="weight of the right-to-left decoder's score in attention rescoring, in [0, 1] "
-                             "(decoder: bitransformer only; default: the model's model_conf.reverse_weight)")
-    parser.add_argument("--length_penalty", type=float, default=0.0,
-                        help="added to a hypothesis' log-probability per token, in attention (on top of its length "
-                             "normalisation) and attention rescoring; > 0 favours longer outputs")
-    parser.add_argument("--lm", default="",
-                        help="word n-gram LM (ARPA, or a KenLM binary with --oov_penalty 0; e.g. from "
-                             "tools/train_ngram_lm.py) fused into ctc_prefix_beam_search and so into "
-                             "attention_rescoring's n-best; empty: none")
-    parser.add_argument("--lm_weight", type=float, help=f"with --lm: weight of its natural-log score (default "
-                                                        f"{LM_DEFAULTS['lm_weight']})")
-    parser.add_argument("--word_bonus", type=float, help="with --lm: added per word of a hypothesis (default "
-                                                         f"{LM_DEFAULTS['word_bonus']})")
-    parser.add_argument("--oov_penalty", type=float,
-                        help="with --lm: added per word outside the LM's vocabulary, and to a prefix from the moment "
-                             f"its last word begins no word of the LM (<= 0; default {LM_DEFAULTS['oov_penalty']}: off)")
-    parser.add_argument("--spelling_lm",
-                        help="with --lm (ARPA): letter n-gram LM of words (tools/train_ngram_lm.py --spelling) that "
-                             "scores the spelling of each word outside the LM's vocabulary, on top of its <unk> "
-                             "probability and --oov_penalty; default: none")
-    parser.add_argument("--decoding_chunk_size", type=int, default=-1,
-                        help="encoder self-attention in chunks of N > 0 encoder frames (40 ms each after conv2d), as "
-                             "a stream would see them (masked over the whole utterance); -1: full context")
-    parser.add_argument("--num_decoding_left_chunks", type=int, default=-1,
-                        help="with --decoding_chunk_size N > 0: chunks to the left each chunk sees, >= 0; -1: all")
+    parser.add_argument("--num_threads", type=int, default=0,
+                        help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
+    parser.add_argument("--modes", nargs="+", help=f"one or more of {', '.join(DECODING_METHODS)} (default: the "
+                                                   f"model dir's decode.yaml mode, else {DecodeConf().mode})")
     parser.add_argument("--simulate_streaming", action="store_true",
                         help="with --decoding_chunk_size N > 0: decode each utterance as a stream, the encoder chunk "
                              "by chunk with its attention and convolution caches and the CTC prefix beam search fed "
                              "after each chunk, then attention rescoring (U2's two passes); the same results as the "
                              "masked decoding, at a live stream's cost")
-    parser.add_argument("--num_threads", type=int, default=0,
-                        help="CPU threads per rank (0: torch's default, divided among the ranks of a node)")
+    add_decoding_options(parser)
     args = parser.parse_args(argv)
-    args.modes = [mode for value in args.modes for mode in value.split()]  # `--modes ""`: no mode
-    error = decoding_modes_error(args.modes)
-    if error:
-        raise ConfigError(f"--modes: {error}")
-    if args.decoding_chunk_size == 0 or args.decoding_chunk_size < -1:
-        raise ConfigError(f"--decoding_chunk_size {args.decoding_chunk_size}: must be > 0 (encoder frames per chunk) "
-                          "or -1 (full context)")
-    if args.simulate_streaming and args.decoding_chunk_size < 1:
-        raise ConfigError(f"--simulate_streaming needs --decoding_chunk_size > 0 (encoder frames per chunk), got "
-                          f"{args.decoding_chunk_size}")
-    if args.num_decoding_left_chunks < -1:
-        raise ConfigError(f"--num_decoding_left_chunks {args.num_decoding_left_chunks}: must be >= 0 or -1 (all)")
+    if args.modes is not None:
+        args.modes = [mode for value in args.modes for mode in value.split()]  # `--modes ""`: no mode
+        error = decoding_modes_error(args.modes)
+        if error:
+            raise ConfigError(f"--modes: {error}")
+    merge_decoding_options(args, DecodeConf())  # the values given, checked before anything is loaded
     return args
 
 
@@ -293,25 +265,25 @@ def main(argv=None) -> None:
                         format=f"%(asctime)s rank{ctx.rank} %(levelname)s %(message)s")
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    # 2. config, tokenizer (it must fit the model)
-    config = read_config(args.config, args.override_config)
+    # 2. the model dir's decoding settings (decode.yaml) under the options given; the config, tokenizer (it must
+    # fit the model) and the model with the checkpoint's weights, before any data or LM is read: a checkpoint of
+    # another config stops here, in one line
     for option, path in (("--checkpoint", args.checkpoint), ("--test_data", args.test_data), ("--lm", args.lm),
                          ("--spelling_lm", args.spelling_lm)):
         if path and not os.path.isfile(path):
             raise ConfigError(f"{option} {path}: no such file")
-    tokenizer = init_tokenizer(config.tokenizer, config.tokenizer_conf)
-    check_model_fits_table(tokenizer, config.output_dim, args.config)
-    # 3. the model with the checkpoint's weights, before any data or LM is read: a checkpoint of another config
-    # stops here, in one line
-    model = init_model(config)
-    try:
-        saved = load_checkpoint(args.checkpoint)[MODEL_KEY]
-    except FileNotFoundError as e:  # a copied checkpoint without its .yaml: the save is not known to have finished
-        raise ConfigError(f"--checkpoint {e}") from e
-    check_model_state({key: value.shape for key, value in model.state_dict().items()}, saved,
-                      f"--checkpoint {args.checkpoint} (--config {args.config})")
-    model.load_state_dict(saved)
-    model.to(ctx.device).eval()
+    loaded = load_asr_model(args.config, args.checkpoint, args.override_config, ctx.device)
+    config, tokenizer, model, args.checkpoint = loaded.config, loaded.tokenizer, loaded.model, loaded.checkpoint
+    given_lm_options = [f"--{name}" for name in LM_OPTIONS if getattr(args, name) is not None]
+    decode_conf = merge_decoding_options(args, loaded.decode_conf)
+    for name in DECODE_OPTIONS:
+        setattr(args, name, getattr(decode_conf, name))
+    if args.modes is None:
+        args.modes = [decode_conf.mode]
+    if args.simulate_streaming and args.decoding_chunk_size < 1:
+        raise ConfigError(f"--simulate_streaming needs --decoding_chunk_size > 0 (encoder frames per chunk), got "
+                          f"{args.decoding_chunk_size}")
+    # 3. the options checked against the model
     try:  # the encoder's own check (a time-reduced encoder has no chunks), before any data is read
         model.encoder.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool), args.decoding_chunk_size,
                                      args.num_decoding_left_chunks)
@@ -334,26 +306,14 @@ def main(argv=None) -> None:
                           f"decoder: {config.decoder}") from e
     # 4. the LM; this rank's share of the test set; every rank reads the references (key order)
     lm = None
-    given = [f"--{name}" for name in LM_DEFAULTS if getattr(args, name) is not None]
-    if given and not args.lm:
-        logging.warning("%s given without --lm: decoding without LM", "/".join(given))
-    for name, default in LM_DEFAULTS.items():
-        setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
+    if given_lm_options and not args.lm:
+        logging.warning("%s given without --lm: decoding without LM", "/".join(given_lm_options))
     if args.lm and not any(mode in LM_METHODS for mode in args.modes):
         logging.warning("--lm %s: not loaded, since none of --modes uses an LM (only %s do)", args.lm,
                         " and ".join(LM_METHODS))
         args.lm = ""
     if args.lm:
-        spelling = f" / --spelling_lm {args.spelling_lm}" if args.spelling_lm else ""
-        try:
-            lm = WordNgramLM(args.lm, tokenizer.id_to_symbol, args.lm_weight, args.word_bonus, args.oov_penalty,
-                             args.spelling_lm)
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"--lm {args.lm}{spelling}: neither an ARPA file nor a KenLM binary") from e
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"--lm {args.lm}{spelling}: {e}") from e
-        logging.info("word LM %s: %d-gram, weight %s, word bonus %s, OOV penalty %s, spelling LM %s", args.lm,
-                     lm.model.order, args.lm_weight, args.word_bonus, args.oov_penalty, args.spelling_lm or "none")
+        lm = load_lm(tokenizer, args.lm, args.lm_weight, args.word_bonus, args.oov_penalty, args.spelling_lm, "--")
     dataset_conf = decoding_dataset_conf(config.dataset_conf, args.batch_size)
     dataset = build_dataset(args.test_data, tokenizer, dataset_conf, mode="test", rank=ctx.rank,
                             world_size=ctx.world_size)

@@ -62,7 +62,7 @@ from toolkit.models.checks import check_model
 from toolkit.models.registry import init_model
 from toolkit.models.transformer.asr_model import DECODING_METHODS, LM_METHODS, decoding_modes_error
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
-from toolkit.train_config import Config, read_config
+from toolkit.train_config import Config, read_config, save_model_dir_config
 from toolkit.utils.checkpoint import MODEL_KEY, check_model_state, load_checkpoint, load_info
 from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.rng import seed_global_rngs
@@ -300,10 +300,10 @@ def main(argv=None) -> None:
         if claim.checkpoint:
             executor.resume(claim.checkpoint, train_set)
         # 7. everything checked, the first writes (rank 0): what the claim moves aside, the effective train.yaml
-        # (it alone rebuilds the model for decoding), and a fresh run's initial model (a run killed in epoch 0
+        # with copies of the files it names (it and they alone rebuild the model for decoding, wherever the dir goes), and a fresh run's initial model (a run killed in epoch 0
         # still leaves a loadable model; its YAML names the job, so that an elastic restart knows its own run)
         run_on_main(claim.move_aside)
-        run_on_main(_save_config, (config, args.model_dir))
+        run_on_main(save_model_dir_config, (config, args.model_dir))
         if not claim.checkpoint:
             save_model(executor.checkpointer, {"epoch": -1, "step": 0, "tag": "init", "run_id": ctx.run_id})
         # 8. tensorboard (rank 0); the points an abandoned run logged after the resumed step are purged
@@ -321,10 +321,6 @@ def main(argv=None) -> None:
             writer.close()
         join.close()
         destroy_distributed()
-
-
-def _save_config(config: Config, model_dir: str) -> None:
-    config.save(os.path.join(model_dir, "train.yaml"))
 
 
 def cli() -> None:

@@ -112,6 +112,25 @@ def _build_pipeline(lines: List[str], tokenizer, conf: DatasetConf, mode: str, r
     return processor.padding(batches, num_skipped, fbank.num_mel_bins)
 
 
+def decoding_features(sample: dict, conf: DatasetConf) -> dict:
+    """One utterance's features as the pipeline computes them for decoding (``test`` mode), for audio that comes
+    from elsewhere than a data.list (``toolkit-transcribe``, :func:`toolkit.load_model`): resampled to
+    ``resample_conf.resample_rate``, padded to ``pad_conf.min_length`` frames when set, fbank without dither.
+
+    Reads ``waveform`` (float32 ``(N,)`` in [-1, 1), mono), ``sample_rate`` (Hz), ``key``; writes ``feat`` (float32
+    ``(T, num_mel_bins)``, 10 ms frames), ``padding_s`` (seconds added, half before the audio, half after; 0.0 when
+    none) and drops ``waveform``.
+
+    Raises:
+        processor.SkipSample: ``too_short`` (under one fbank frame), ``non_finite_feats``.
+    """
+    fbank = dataclasses.replace(conf.fbank_conf, dither=0.0)
+    sample = processor.resample(dict(sample, padding_s=0.0), **dataclasses.asdict(conf.resample_conf))
+    if conf.pad_conf.min_length > 0:
+        sample = processor.pad_short(sample, frame_shift=fbank.frame_shift, **dataclasses.asdict(conf.pad_conf))
+    return processor.compute_fbank(sample, **dataclasses.asdict(fbank))
+
+
 def _with_last(items: Iterator) -> Iterator[Tuple[object, bool]]:
     """``(item, is_last)`` for each item of ``items`` (one item of look-ahead)."""
     pending = sentinel = object()

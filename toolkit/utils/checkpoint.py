@@ -89,12 +89,14 @@ def info_path(path: str) -> str:
     return re.sub(r"\.pt$", ".yaml", path)
 
 
-def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(path: str, mmap: bool = False, committed: bool = True) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` onto the CPU (``mmap``: memory-mapped, so that a
-    tensor's data is read only when used, e.g. to check shapes).
+    tensor's data is read only when used, e.g. to check shapes). ``committed=False`` (inference: a model copied
+    without its ``.yaml``) loads a ``.pt`` that has no ``.yaml`` beside it, with one warning line saying so; resuming
+    training keeps the default, which refuses it.
 
     Raises:
-        FileNotFoundError: ``path`` or its committed ``.yaml`` is missing (an interrupted save).
+        FileNotFoundError: ``path`` is missing, or (``committed``) its ``.yaml`` is (an interrupted save).
         ConfigError: ``path`` is not a readable checkpoint: truncated, not a torch save (``torch.save`` writes a zip
             archive), not a dict or without a ``model`` entry; one line naming the file and the reason.
     """
@@ -102,7 +104,10 @@ def load_checkpoint(path: str, mmap: bool = False) -> dict[str, Any]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if not os.path.exists(yaml_path):
-        raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
+        if committed:
+            raise FileNotFoundError(f"{path}: no {os.path.basename(yaml_path)} beside it, so the save never finished")
+        logging.getLogger(__name__).warning("%s: no %s beside it (copied without it, or a save that never finished): "
+                                            "loading it anyway", path, os.path.basename(yaml_path))
     state = read_torch_file(path, mmap)
     if not isinstance(state, dict):
         raise ConfigError(f"{path} {UNREADABLE}: it holds a {type(state).__name__}, not a dict")

@@ -296,19 +296,41 @@ print((ls(sys.argv[1]) or [""])[-1])' "$dir")
     [ -n "$decode_checkpoint" ] || die "no committed epoch_N.pt (with epoch_N.yaml) in $dir"
     echo "stage 5: decoding the newest epoch as it is: $decode_checkpoint"
   fi
-  lm_options=()
-  lm_title=
-  if (( lm_order > 0 && lm_used )); then
-    lm_options=(--lm "$lm" --lm_weight "$lm_weight" --word_bonus "$word_bonus" --oov_penalty "$oov_penalty")
-    lm_title=", $lm_order-gram LM (+ $lm_common_words common words) weight $lm_weight bonus $word_bonus penalty $oov_penalty"
-    if [ "$spelling_order" -gt 0 ]; then
-      lm_options+=(--spelling_lm "$spelling_lm")
-      lm_title+=", spelling $spelling_order-gram (+ $spelling_common_words common words)"
-    fi
-  fi
   if [ "$decoding_chunk_sizes" = auto ]; then  # what the model was trained for (its train.yaml's encoder_conf)
     decoding_chunk_sizes=$(python -c 'import sys, yaml; conf = yaml.safe_load(open(sys.argv[1]))["encoder_conf"]
 print("-1 16 8 4" if conf.get("use_dynamic_chunk") else conf.get("static_chunk_size") or -1)' "$dir/train.yaml")
+  fi
+  # The decoding settings get one home, $dir/decode.yaml (with the LM files copied beside it, so that the model dir
+  # holds all that decoding reads): recognize.py below, toolkit-transcribe and toolkit.load_model read them from it.
+  # Its mode (what transcription uses) is the last of --decode_modes; its chunk size full context when decoded at
+  # -1, and the first chunk size > 0 is a stream's.
+  chunks=($decoding_chunk_sizes)
+  full_chunk=${chunks[0]}
+  [[ " $decoding_chunk_sizes " != *" -1 "* ]] || full_chunk=-1
+  modes=($decode_modes)
+  {
+    echo "# written by run.sh stage 5: the recipe's decoding settings (docs/using_a_model.md); an option overrides each"
+    echo "checkpoint: $(basename "$decode_checkpoint")"
+    echo "mode: ${modes[${#modes[@]}-1]}"
+    echo "beam_size: $beam_size"
+    echo "length_penalty: $length_penalty"
+    [ -z "$reverse_weight" ] || echo "reverse_weight: $reverse_weight"
+    echo "decoding_chunk_size: $full_chunk"
+    echo "num_decoding_left_chunks: $num_decoding_left_chunks"
+    for c in "${chunks[@]}"; do if [ "$c" -gt 0 ]; then echo "streaming_chunk_size: $c"; break; fi; done
+  } > "$dir/decode.yaml"
+  lm_title=
+  if (( lm_order > 0 && lm_used )); then
+    mkdir -p "$dir/lm"
+    cp "$lm" "$dir/lm/"
+    printf 'lm: lm/%s\nlm_weight: %s\nword_bonus: %s\noov_penalty: %s\n' "$(basename "$lm")" "$lm_weight" "$word_bonus" \
+      "$oov_penalty" >> "$dir/decode.yaml"
+    lm_title=", $lm_order-gram LM (+ $lm_common_words common words) weight $lm_weight bonus $word_bonus penalty $oov_penalty"
+    if [ "$spelling_order" -gt 0 ]; then
+      cp "$spelling_lm" "$dir/lm/"
+      echo "spelling_lm: lm/$(basename "$spelling_lm")" >> "$dir/decode.yaml"
+      lm_title+=", spelling $spelling_order-gram (+ $spelling_common_words common words)"
+    fi
   fi
   chunk_dir() { if [ "$2" = -1 ]; then echo "$dir/$1"; else echo "$dir/$1/chunk_$2"; fi; }
   echo "stage 5: decoding $decode_dirs with $decode_modes${lm_title}, decoding_chunk_size $decoding_chunk_sizes (left chunks $num_decoding_left_chunks), $num_nodes node(s) x $decode_nproc_per_node process(es)"
@@ -316,12 +338,11 @@ print("-1 16 8 4" if conf.get("use_dynamic_chunk") else conf.get("static_chunk_s
     for chunk in $decoding_chunk_sizes; do
       # every rank decodes its share; global rank 0 writes <mode>/text, <mode>/wer, <mode>/cer and decode_summary.json
       rm -f "$(chunk_dir "$x" "$chunk")/decode_summary.json"
+      # the checkpoint, beam, weights and LM from $dir/decode.yaml
       launch --nproc_per_node="$decode_nproc_per_node" $(job_id "decode-$x-chunk$chunk") -m toolkit.bin.recognize \
-        --config "$dir/train.yaml" --checkpoint "$decode_checkpoint" \
-        --test_data "$data/$x/data.list" --result_dir "$(chunk_dir "$x" "$chunk")" --modes $decode_modes \
-        --beam_size "$beam_size" --length_penalty "$length_penalty" --batch_size "$decode_batch_size" \
-        --decoding_chunk_size "$chunk" --num_decoding_left_chunks "$num_decoding_left_chunks" \
-        --num_threads "$decode_threads" "${lm_options[@]}" ${reverse_weight:+--reverse_weight "$reverse_weight"}
+        --config "$dir/train.yaml" --test_data "$data/$x/data.list" --result_dir "$(chunk_dir "$x" "$chunk")" \
+        --modes $decode_modes --batch_size "$decode_batch_size" --decoding_chunk_size "$chunk" \
+        --num_threads "$decode_threads"
     done
   done
   written=1

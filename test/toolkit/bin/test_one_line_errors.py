@@ -61,7 +61,7 @@ def test_recognize_refuses_a_checkpoint_of_another_config_in_one_line(checkpoint
     proc = run("-m", "toolkit.bin.recognize", "--config", str(tmp_path / "other.yaml"), "--checkpoint",
                str(tmp_path / "exp" / "epoch_0.pt"), "--test_data", str(tmp_path / "test.list"), "--result_dir",
                str(tmp_path / "dec"), "--modes", "ctc_greedy_search")
-    assert_one_line(proc, f"--checkpoint {tmp_path / 'exp' / 'epoch_0.pt'} (--config {tmp_path / 'other.yaml'}) "
+    assert_one_line(proc, f"checkpoint {tmp_path / 'exp' / 'epoch_0.pt'} ({tmp_path / 'other.yaml'}) "
                           "holds another model than this config's: ", key, *shapes)
     assert not (tmp_path / "dec").exists()
 

@@ -451,3 +451,23 @@ def test_a_resumed_epoch_leaves_out_what_was_consumed_and_reads_no_finished_plan
     after = [key for batch in itertools.chain(*per_rank) for key in batch["keys"]]
     assert sorted(before + after) == sorted(key for batch in first + second for key in batch["keys"])
     assert len(reads) == 80 - len(unread) and not unread & set(reads)
+
+
+def test_decoding_features_equal_the_test_pipelines(tmp_path, tokenizer):
+    # toolkit-transcribe's features of a recording equal recognize.py's of the same audio in a data.list: resampled
+    # (a tiny_lj clip's samples written at 22.05 kHz) and padded (the short fsdd digits, under pad_conf's 50 frames)
+    from toolkit.dataset.pipeline import decoding_features
+    lj = kaldi_entries(LJ, "test")[0]
+    sf.write(tmp_path / "lj.wav", sf.read(lj["wav"], dtype="float32")[0], 22050)
+    entries = kaldi_entries(FSDD, "test")[:3] + [dict(lj, wav=str(tmp_path / "lj.wav"))]
+    conf = resolve_dataset_conf({"pad_conf": {"min_length": 50},
+                                 "batch_conf": {"batch_type": "static", "batch_size": 1}, "sort": False})
+    batches = batches_of(write_list(tmp_path / "data.list", entries), tokenizer, conf, mode="test")
+    padded = 0
+    for entry, batch in zip(entries, batches):
+        sample = decoding_features(processor.read_audio({"key": entry["key"], "wav": entry["wav"]}), conf)
+        assert batch["keys"] == [entry["key"]]
+        assert torch.equal(sample["feat"], batch["feats"][0])
+        assert sample["padding_s"] == pytest.approx(batch["padding_s"])
+        padded += sample["padding_s"] > 0
+    assert len(batches) == len(entries) and padded >= 1

@@ -80,11 +80,17 @@ class StreamingDecoder:
             self._pending = self._pending[self.stride:]
         if not self._outputs:
             return {method: [] for method in methods}
-        encoder_out = torch.cat(self._outputs, dim=1)
+        encoder_out = self.encoder_output()
         mask = torch.ones(1, 1, encoder_out.size(1), dtype=torch.bool, device=encoder_out.device)
         results = self.model.search(methods, encoder_out, mask, self.search.beam_size, ctc_weight, length_penalty,
                                     self.lm, reverse_weight, nbests=[self.search.finish()])
         return {method: hyps[0] for method, hyps in results.items()}
+
+    def encoder_output(self) -> torch.Tensor:
+        """float32 (1, T', D): the encoder output of every chunk run so far ((1, 0, D) before the first)."""
+        if not self._outputs:
+            return torch.zeros(1, 0, self.model.encoder.output_size(), device=self._device)
+        return torch.cat(self._outputs, dim=1)
 
     @property
     def _device(self) -> torch.device:
