@@ -65,7 +65,12 @@ class MultiHeadedAttention(nn.Module):
         dropout_p = self.dropout.p if self.training else 0.0
         x = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                        scale=self.scale)
-        x = x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_k)  # (B, T1, D)
+        if torch.compiler.is_exporting():
+            # NOTE: torch.onnx's dynamo exporter (torch 2.13) turns the reshape below into a view it then refuses
+            # ("Cannot view a tensor ... with strides ... Max(1, T)"); the heads side by side are the same values.
+            x = torch.cat(x.unbind(1), dim=-1)  # (B, T1, D)
+        else:
+            x = x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_k)  # (B, T1, D)
         return self.linear_out(x)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -137,6 +142,8 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
         float32 (B, H, T1, T2) with out[..., i, j] = x[..., i, T1 - 1 - i + j], i.e. the score for distance
         (T2 - T1 + i) - j between query i and key j.
     """
+    if torch.compiler.is_exporting():
+        return _rel_shift_by_padding(x)
     x = x.contiguous()
     batch, heads, time, width = x.size()
     # Row i of the (time, width) block starts i * width + (time - 1 - i) elements into it, so
@@ -145,6 +152,16 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
     # cannot trace (a graph break in every layer; train_conf.compile); unfold would fix T.
     row0 = x.view(batch, heads, time * width)[:, :, time - 1:]  # storage offset at out[..., 0, 0]
     return row0.as_strided((batch, heads, time, width - time + 1), (x.stride(0), x.stride(1), width - 1, 1))
+
+
+def _rel_shift_by_padding(x: torch.Tensor) -> torch.Tensor:
+    """:func:`rel_shift` by Transformer-XL's padding trick (a zero column on the left, the rows read one further
+    along; Dai et al., 2019, arXiv:1901.02860, appendix B), for an exported graph: ONNX has no strided view, and
+    torch.onnx turns ``as_strided`` into a gather whose indices hold for the traced shape only. One copy of x."""
+    batch, heads, time, width = x.size()
+    padded = nn.functional.pad(x, (1, 0))  # (B, H, T1, W + 1)
+    shifted = padded.view(batch, heads, width + 1, time)[:, :, 1:].reshape(batch, heads, time, width)
+    return shifted[..., :width - time + 1]  # (B, H, T1, T2)
 
 
 class RelPositionMultiHeadedAttention(MultiHeadedAttention):
