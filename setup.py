@@ -34,6 +34,7 @@ setup(
             "toolkit-train=toolkit.bin.train:cli",
             "toolkit-recognize=toolkit.bin.recognize:cli",
             "toolkit-average-model=toolkit.bin.average_model:cli",
+            "toolkit-export=toolkit.bin.export:cli",
         ]
     },
 )

@@ -27,26 +27,37 @@ import warnings
 import torch
 
 from toolkit.export.graphs import ChunkGraph, CtcGraph, DecoderGraph, streaming_error
+from toolkit.models.transformer.attention import MultiHeadedAttention
 
 OPSET = 18
 # Sample lengths of the traced inputs: a dynamic dimension must not be traced at 0 or 1 (torch.export specializes
 # those), and the attention cache traced at its usual size.
 _TRACE_FRAMES = 300
 _TRACE_HYP_LEN = 6
-# The bounds of a dynamic fbank length: with other bounds (e.g. the front end's 7 frames) torch.export's solver
-# fails on the subsampling's lengths (torch 2.13). 100000 frames: 1000 s.
-_MIN_FRAMES, _MAX_FRAMES = 8, 100000
+# A dynamic dimension whose range torch.export infers from the code (fixed bounds fail its solver on the front end's
+# floor divisions in torch 2.13). The fbank length's range ends where the positional encoding's stored table does
+# (``max_len`` 5000 encoder frames: 200 s after conv2d; positions past it, computed on demand in torch, are not in
+# the graph, and onnxruntime refuses a longer input with a shape error).
+DYNAMIC = torch.export.Dim.DYNAMIC
 
 
 def _export(graph: torch.nn.Module, args: tuple, path: str, input_names: list[str], output_names: list[str],
             dynamic_shapes: tuple) -> None:
     """``graph`` traced on ``args`` by torch.onnx's exporter (torch.export; the TorchScript exporter is deprecated
-    and cannot export the front end's unfold with a dynamic length) into one file at ``path``."""
+    and cannot export the front end's unfold with a dynamic length) into one file at ``path``, its attention
+    modules in their ``for_export`` form meanwhile."""
+    attentions = [m for m in graph.modules() if isinstance(m, MultiHeadedAttention)]
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracing notes, one per module
-        torch.onnx.export(graph, args, path, input_names=input_names, output_names=output_names,
-                          dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True, external_data=False,
-                          verbose=False)
+        for attention in attentions:
+            attention.for_export = True
+        try:
+            torch.onnx.export(graph, args, path, input_names=input_names, output_names=output_names,
+                              dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True, external_data=False,
+                              verbose=False)
+        finally:
+            for attention in attentions:
+                attention.for_export = False
 
 
 def add_metadata(path: str, metadata: dict[str, object]) -> None:
@@ -70,7 +81,7 @@ def _common_metadata(model, comment: str) -> dict[str, object]:
 
 def export_ctc(model, input_dim: int, path: str) -> None:
     """``model.onnx`` (:class:`CtcGraph`, ``input_dim`` fbank bins) at ``path``, with sherpa-onnx's offline metadata."""
-    batch, frames = torch.export.Dim("N"), torch.export.Dim("T", min=_MIN_FRAMES, max=_MAX_FRAMES)
+    batch = frames = DYNAMIC
     x = torch.zeros(2, _TRACE_FRAMES, input_dim)
     x_lens = torch.tensor([_TRACE_FRAMES, _TRACE_FRAMES - 37])
     _export(CtcGraph(model).eval(), (x, x_lens), path, ["x", "x_lens"],
@@ -99,8 +110,7 @@ def export_chunk(model, input_dim: int, path: str, chunk_size: int, num_left_chu
     """``model-streaming.onnx`` (:class:`ChunkGraph`) at ``path``, traced at ``chunk_size`` encoder frames and
     ``num_left_chunks`` chunks of cache; the window and the cache stay dynamic (any chunk size, any cache)."""
     inputs = chunk_inputs(model, input_dim, chunk_size, num_left_chunks)
-    window, cache = torch.export.Dim("T", min=_MIN_FRAMES, max=_MAX_FRAMES), torch.export.Dim("S", min=1)
-    keys = torch.export.Dim("K")
+    window = cache = keys = DYNAMIC
     _export(ChunkGraph(model).eval(), tuple(inputs.values()), path, list(inputs),
             ["log_probs", "next_attn_cache", "next_conv_cache"],
             ({1: window}, None, None, {2: cache}, None, {2: keys}))
@@ -142,7 +152,7 @@ def export_decoder(model, path: str) -> None:
     hyps = [list(range(1, _TRACE_HYP_LEN + 1)), list(range(2, _TRACE_HYP_LEN))]
     inputs = decoder_inputs(model, torch.zeros(1, _TRACE_FRAMES // 4, size), torch.tensor([_TRACE_FRAMES // 4]),
                             hyps)
-    batch, frames, length = torch.export.Dim("N"), torch.export.Dim("T"), torch.export.Dim("L")
+    batch, frames, length = DYNAMIC, DYNAMIC, DYNAMIC
     shapes = [{0: batch, 1: frames}, {0: batch}, {0: batch, 1: length}, {0: batch}, {0: batch, 1: length}]
     outputs = ["log_probs", "r_log_probs"] if "r_hyps_in" in inputs else ["log_probs"]
     _export(DecoderGraph(model).eval(), tuple(inputs.values()), path, list(inputs), outputs,
