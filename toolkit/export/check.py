@@ -193,7 +193,8 @@ def _int8_feeds(model, name: str, feat: torch.Tensor, input_dim: int, chunk_size
     lengths = torch.tensor([feat.size(0)])
     if name.startswith("model-streaming"):
         inputs = chunk_inputs(model, input_dim, chunk_size, num_left_chunks)
-        inputs["x"] = feat[None, :inputs["x"].size(1)]
+        window = min(inputs["x"].size(1), feat.size(0))
+        inputs["x"][0, :window] = feat[:window]  # the first window (zeros past a short clip's end)
     elif name.startswith("model"):
         inputs = {"x": feat.unsqueeze(0), "x_lens": lengths}
     else:
