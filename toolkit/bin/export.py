@@ -14,9 +14,9 @@ success (:mod:`toolkit.export.check`): ``onnx.checker``, and onnxruntime against
 chunk. Exit status 0: every file written and every check passed; 1: a check failed (named in one line); 2: bad input
 (one line).
 
-Decode the files with sherpa-onnx (docs/export.md):
-
-    python -c "import sherpa_onnx; r = sherpa_onnx.OfflineRecognizer.from_wenet_ctc(model='exp/conformer/onnx/model.onnx', tokens='exp/conformer/onnx/tokens.txt'); ..."
+Decode the files with sherpa-onnx: ``sherpa_onnx.OfflineRecognizer.from_wenet_ctc(model=".../model.onnx",
+tokens=".../tokens.txt")`` (streaming: ``OnlineRecognizer.from_wenet_ctc`` on ``model-streaming.onnx``); see
+docs/export.md.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import torch
 
 from toolkit.dataset import processor
 from toolkit.export.graphs import CtcGraph, DecoderGraph
-from toolkit.export.onnx import decoder_inputs
+from toolkit.export.onnx import chunk_inputs, decoder_inputs
 from toolkit.models.transformer.search import ctc_greedy_search
 
 RTOL, ATOL = 1e-3, 1e-4
@@ -126,8 +126,6 @@ def check_chunks(model, path: str, feats: list[torch.Tensor], input_dim: int, ch
                  num_left_chunks: int, rtol: float = RTOL, atol: float = ATOL) -> str:
     """``model-streaming.onnx`` run chunk by chunk (:func:`run_chunks`) against the encoder's
     ``forward_chunk_by_chunk`` at ``chunk_size`` / ``num_left_chunks`` and the CTC head; one line."""
-    from toolkit.export.onnx import chunk_inputs
-
     encoder, session, worst = model.encoder, _session(path), 0.0
     stride, window, _ = encoder.chunk_windows(chunk_size, num_left_chunks)
     inputs = {k: v.numpy() for k, v in chunk_inputs(model, input_dim, chunk_size, num_left_chunks).items()}
@@ -188,8 +186,6 @@ def _int8_feeds(model, name: str, feat: torch.Tensor, input_dim: int, chunk_size
                 ) -> dict[str, np.ndarray]:
     """The inputs of the file ``name`` (``model``, ``decoder`` or ``model-streaming``, ``.int8``) for one
     utterance's fbank ``feat``."""
-    from toolkit.export.onnx import chunk_inputs
-
     lengths = torch.tensor([feat.size(0)])
     if name.startswith("model-streaming"):
         inputs = chunk_inputs(model, input_dim, chunk_size, num_left_chunks)

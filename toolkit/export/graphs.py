@@ -49,8 +49,8 @@ class ChunkGraph(nn.Module):
     with a fixed-size attention cache, then the CTC head (the interface of the module docstring).
 
     ``offset`` and ``required_cache_size`` are in the interface because sherpa-onnx feeds them; a relative-position
-    encoder does not depend on the stream position, and the cache kept is the input's size, so the graph only checks
-    that they agree with the cache (a zero added to the output).
+    encoder does not depend on the stream position, and the cache kept is the input cache's size S, so the graph
+    reads them only to keep them inputs (a zero added to the output).
 
     Args:
         model: an ASRModel in eval mode with a streaming, relative-position encoder (see :func:`streaming_error`).

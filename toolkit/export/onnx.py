@@ -178,8 +178,8 @@ def quantize(path: str) -> str:
     return out
 
 
-def export_model(model, tokenizer, input_dim: int, out_dir: str, streaming: bool, chunk_size: int = 16, num_left_chunks: int = 4,
-                 int8: bool = False) -> dict[str, str]:
+def export_model(model, tokenizer, input_dim: int, out_dir: str, streaming: bool, chunk_size: int = 16,
+                 num_left_chunks: int = 4, int8: bool = False) -> dict[str, str]:
     """Write every file of the module docstring for ``model`` (an ASRModel in eval mode reading ``input_dim`` fbank
     bins) into ``out_dir``;
     ``{name: path}`` (names: ``model``, ``model-streaming``, ``decoder``, ``tokens`` and the ``.int8`` copies).
