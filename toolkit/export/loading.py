@@ -16,7 +16,7 @@ def load_model_dir(model_dir: str, checkpoint: str):
     CPU with ``checkpoint``'s weights (a path, or a file name in ``model_dir``).
 
     Raises:
-        ConfigError: no ``train.yaml`` or no such checkpoint, a tokenizer that does not fit the model, or a
+        ConfigError: no ``train.yaml``, no such checkpoint or a directory in its place, a tokenizer that does not fit the model, or a
             checkpoint of another model (one line each).
     """
     config_path = os.path.join(model_dir, "train.yaml")
@@ -24,6 +24,8 @@ def load_model_dir(model_dir: str, checkpoint: str):
         raise ConfigError(f"--model_dir {model_dir}: no train.yaml")
     if not os.path.isfile(checkpoint) and os.path.isfile(os.path.join(model_dir, checkpoint)):
         checkpoint = os.path.join(model_dir, checkpoint)
+    if os.path.isdir(checkpoint):
+        raise ConfigError(f"--checkpoint {checkpoint}: a directory, not a checkpoint file")
     if not os.path.isfile(checkpoint):
         raise ConfigError(f"--checkpoint {checkpoint}: no such file")
     config = read_config(config_path)

@@ -113,6 +113,8 @@ def test_bad_input_is_one_line(tmp_path):
         export.main(["--model_dir", str(tmp_path), "--checkpoint", "init.pt", "--out_dir", str(tmp_path / "o")])
     with pytest.raises(ConfigError, match="--checkpoint missing.pt: no such file"):
         export.main(base[:3] + ["missing.pt"] + base[4:])
+    with pytest.raises(ConfigError, match=f"--checkpoint {tmp_path}: a directory, not a checkpoint file"):
+        export.main(base[:3] + [str(tmp_path)] + base[4:])
     empty = tmp_path / "empty.wav"
     empty.write_bytes(b"")
     with pytest.raises(ConfigError, match=f"--check_audio check audio {empty}: "):
