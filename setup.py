@@ -35,6 +35,7 @@ setup(
             "toolkit-recognize=toolkit.bin.recognize:cli",
             "toolkit-average-model=toolkit.bin.average_model:cli",
             "toolkit-transcribe=toolkit.bin.transcribe:cli",
+            "toolkit-export=toolkit.bin.export:cli",
         ]
     },
 )

@@ -27,7 +27,7 @@ IMPORT_ALL = ("import importlib, pkgutil, toolkit\n"
 TOOLS = sorted(glob.glob(os.path.join(REPO_ROOT, "tools", "*.py"))
                + glob.glob(os.path.join(REPO_ROOT, "benchmarks", "*.py")))
 TOOLS.remove(os.path.join(REPO_ROOT, "benchmarks", "harness.py"))
-CLIS = ["toolkit.bin.train", "toolkit.bin.recognize", "toolkit.bin.average_model"]
+CLIS = ["toolkit.bin.train", "toolkit.bin.recognize", "toolkit.bin.average_model", "toolkit.bin.export"]
 
 
 def run_guarded(code: str, *argv: str) -> subprocess.CompletedProcess:

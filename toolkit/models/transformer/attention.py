@@ -38,6 +38,9 @@ class MultiHeadedAttention(nn.Module):
         self.linear_v = nn.Linear(n_feat, n_feat)
         self.linear_out = nn.Linear(n_feat, n_feat)
         self.dropout = Dropout(p=dropout_rate)
+        # Set by toolkit.export while torch.onnx traces the model: the same values by ops its exporter can convert
+        # (a plain attribute, not torch.compiler.is_exporting(), which TorchScript cannot compile).
+        self.for_export = False
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """float32 (B, T, D) -> (B, H, T, D / H)."""
@@ -65,7 +68,12 @@ class MultiHeadedAttention(nn.Module):
         dropout_p = self.dropout.p if self.training else 0.0
         x = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                        scale=self.scale)
-        x = x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_k)  # (B, T1, D)
+        if self.for_export:
+            # NOTE: torch.onnx's dynamo exporter (torch 2.13) turns the reshape below into a view it then refuses
+            # ("Cannot view a tensor ... with strides ... Max(1, T)"); the heads side by side are the same values.
+            x = torch.cat(x.unbind(1), dim=-1)  # (B, T1, D)
+        else:
+            x = x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_k)  # (B, T1, D)
         return self.linear_out(x)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -147,6 +155,16 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
     return row0.as_strided((batch, heads, time, width - time + 1), (x.stride(0), x.stride(1), width - 1, 1))
 
 
+def rel_shift_by_padding(x: torch.Tensor) -> torch.Tensor:
+    """:func:`rel_shift` by Transformer-XL's padding trick (a zero column on the left, the rows read one further
+    along; Dai et al., 2019, arXiv:1901.02860, appendix B), for an exported graph: ONNX has no strided view, and
+    torch.onnx turns ``as_strided`` into a gather whose indices hold for the traced shape only. One copy of x."""
+    batch, heads, time, width = x.size()
+    padded = nn.functional.pad(x, (1, 0))  # (B, H, T1, W + 1)
+    shifted = padded.view(batch, heads, width + 1, time)[:, :, 1:].reshape(batch, heads, time, width)
+    return shifted[..., :width - time + 1]  # (B, H, T1, T2)
+
+
 class RelPositionMultiHeadedAttention(MultiHeadedAttention):
     """Self-attention with relative positional encoding and learned biases ``pos_bias_u`` (content)
     and ``pos_bias_v`` (position), following Transformer-XL section 3.3:
@@ -183,5 +201,6 @@ class RelPositionMultiHeadedAttention(MultiHeadedAttention):
         q_u = q + self.pos_bias_u.unsqueeze(1)
         q_v = q + self.pos_bias_v.unsqueeze(1)
         # The content term (q + u) k^T is the attention's own product; the position term is its additive bias.
-        matrix_bd = rel_shift(torch.matmul(q_v, p.transpose(-2, -1)))  # (B, H, T1, T2)
+        scores = torch.matmul(q_v, p.transpose(-2, -1))  # (B, H, T1, T1 + T2 - 1)
+        matrix_bd = rel_shift_by_padding(scores) if self.for_export else rel_shift(scores)  # (B, H, T1, T2)
         return self.attend(q_u, k, v, mask, matrix_bd * self.scale)

@@ -184,8 +184,9 @@ class Conv2dSubsampling(nn.Module):
         batch, channels, time, freq = x.size()
         x = self.out(x.transpose(1, 2).reshape(batch, time, channels * freq))
         x, pos_emb = self.pos_enc(x, offset, cached)
-        # Frame j of a layer's output is valid iff its input frame 2j+2 is: slicing at 2::2 once per layer
-        # keeps exactly those mask entries.
-        for _ in range(self.num_layers):
-            x_mask = x_mask[:, :, 2::2]
+        # Frame j of a layer's output is valid iff its input frame 2j+2 is, so output frame j iff input frame
+        # (receptive field - 1) + rate * j is (2::2 once per layer, in one slice). NOTE: one slice, so that
+        # torch.export sees the mask's length as the same expression as x's ((T - 3) // 4); the layer-by-layer slices
+        # gave an equal one it cannot prove equal (torch.onnx export failed on it, torch 2.13).
+        x_mask = x_mask[:, :, self.receptive_field - 1::self.rate]
         return x, pos_emb, x_mask

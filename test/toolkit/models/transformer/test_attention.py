@@ -97,3 +97,25 @@ def test_attention_equals_the_textbook_formula_with_its_gradients_and_empty_rows
             (ref_grad,) = torch.autograd.grad(ref.sum(), ref_inputs)
             assert not grad.isnan().any()
             assert_equal_up_to_rounding(grad, ref_grad)
+
+
+def test_rel_shift_by_padding_equals_the_strided_rel_shift():
+    # The export form (toolkit.export) and the training form: the same values for queries that are the last of the keys.
+    from toolkit.models.transformer.attention import rel_shift_by_padding
+
+    torch.manual_seed(0)
+    for queries, keys in ((1, 1), (4, 4), (3, 9), (16, 80)):
+        x = torch.randn(2, 3, queries, queries + keys - 1)
+        assert torch.equal(rel_shift_by_padding(x), rel_shift(x))
+
+
+def test_attention_for_export_gives_the_same_output():
+    torch.manual_seed(0)
+    attention = RelPositionMultiHeadedAttention(4, 16, 0.0).double().eval()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    mask = torch.ones(2, 1, 7, dtype=torch.bool)
+    mask[1, :, 5:] = False
+    pos_emb = RelPositionalEncoding(16, 0.0).positions(7).double()
+    expected = attention(x, x, x, mask, pos_emb)
+    attention.for_export = True
+    assert_equal_up_to_rounding(attention(x, x, x, mask, pos_emb), expected)
