@@ -29,7 +29,7 @@ import torch
 
 from toolkit.dataset import processor
 from toolkit.export import sherpa
-from toolkit.export.loading import load_model_dir
+from toolkit.inference.loader import config_path_of, load_asr_model
 from toolkit.models.transformer.search import ctc_greedy_search
 from toolkit.utils.metrics import score
 
@@ -107,7 +107,8 @@ def main() -> None:
     args = get_args()
     torch.set_num_threads(1)
     # 1. the model, the test set and its audio duration
-    config, tokenizer, model = load_model_dir(args.model_dir, args.checkpoint)
+    loaded = load_asr_model(config_path_of(args.model_dir), args.checkpoint)
+    config, tokenizer, model = loaded.config, loaded.tokenizer, loaded.model
     with open(args.test_data, encoding="utf-8") as f:
         entries = [json.loads(line) for line in f if line.strip()]
     entries = entries[:args.max_utts] if args.max_utts > 0 else entries

@@ -20,7 +20,7 @@ import torch
 from toolkit.bin import export
 from toolkit.dataset import processor
 from toolkit.export import sherpa
-from toolkit.export.loading import load_model_dir
+from toolkit.inference.loader import config_path_of, load_asr_model
 
 
 def _greedy(model, tokenizer, feat: torch.Tensor) -> str:
@@ -38,7 +38,8 @@ def _features(entry: dict, conf, dither: float, rng) -> torch.Tensor:
 def test_sherpa_onnx_decodes_the_exported_model_as_recognize_does(fsdd_recipe, tmp_path):
     exp, onnx_dir = fsdd_recipe.exp, tmp_path / "onnx"
     export.main(["--model_dir", str(exp), "--checkpoint", "avg_3.pt", "--out_dir", str(onnx_dir)])
-    config, tokenizer, model = load_model_dir(str(exp), "avg_3.pt")
+    loaded = load_asr_model(config_path_of(str(exp)), "avg_3.pt")
+    config, tokenizer, model = loaded.config, loaded.tokenizer, loaded.model
     conf = config.dataset_conf
     with open(fsdd_recipe.data / "test_fsdd" / "data.list", encoding="utf-8") as f:
         entries = [json.loads(line) for line in f]

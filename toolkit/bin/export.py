@@ -28,8 +28,8 @@ import sys
 
 from toolkit.export.check import ExportCheckError, audio_features, check_export
 from toolkit.export.graphs import streaming_error
-from toolkit.export.loading import load_model_dir
 from toolkit.export.onnx import export_model
+from toolkit.inference.loader import config_path_of, load_asr_model
 from toolkit.utils.config_parsing import ArgumentParser, ConfigError, exit_on_config_error
 from toolkit.utils.shutdown import freeze_at_exit
 
@@ -43,7 +43,8 @@ DEFAULT_CHECK_AUDIO = (sorted(glob.glob(os.path.join(_CORPORA, "tiny_lj", "wav",
 def get_args(argv=None) -> argparse.Namespace:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True, help="the model dir (its train.yaml)")
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint path, or a file name in --model_dir")
+    parser.add_argument("--checkpoint", help="a checkpoint path, or a file name in --model_dir; default: the one "
+                                             "decode.yaml names (the recipe's avg_N.pt), else the newest epoch")
     parser.add_argument("--out_dir", required=True, help="where the ONNX files and tokens.txt go")
     parser.add_argument("--int8", action="store_true", help="also write int8 copies (onnxruntime quantize_dynamic)")
     parser.add_argument("--streaming", choices=["auto", "true", "false"], default="auto",
@@ -63,7 +64,8 @@ def main(argv=None) -> None:
     for name in ("onnxscript", "onnx_ir"):  # the exporter's graph passes log each rewrite at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
     # 1. the model, and whether it streams
-    config, tokenizer, model = load_model_dir(args.model_dir, args.checkpoint)
+    loaded = load_asr_model(config_path_of(args.model_dir), args.checkpoint)
+    config, tokenizer, model = loaded.config, loaded.tokenizer, loaded.model
     error = streaming_error(model)
     if args.streaming == "true" and error:
         raise ConfigError(f"--streaming true: {error}")

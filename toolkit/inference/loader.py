@@ -85,7 +85,7 @@ def load_asr_model(config_path: str, checkpoint: str | None = None, overrides: l
 
     Raises:
         ConfigError: a model file the config names is missing, the symbol table does not fit the model, the
-            checkpoint is missing, unreadable or of another model (one line naming the file).
+            checkpoint is missing, a directory, unreadable or of another model (one line naming the file).
     """
     model_dir = os.path.dirname(os.path.abspath(config_path))
     config = read_config(config_path, overrides)  # the model files resolved against the model dir
@@ -100,6 +100,8 @@ def load_asr_model(config_path: str, checkpoint: str | None = None, overrides: l
         checkpoint = default_checkpoint(model_dir, decode_conf)
     elif not os.path.isfile(checkpoint) and os.path.isfile(os.path.join(model_dir, checkpoint)):
         checkpoint = os.path.join(model_dir, checkpoint)
+    if os.path.isdir(checkpoint):
+        raise ConfigError(f"checkpoint {checkpoint}: a directory, not a checkpoint file")
     if not os.path.isfile(checkpoint):
         raise ConfigError(f"checkpoint {checkpoint}: no such file (nor in {model_dir})")
     model = init_model(config)

@@ -15,7 +15,7 @@ from test.helpers import REPO_ROOT, kaldi_entries
 from test.multiprocess.workers.recognize_setup import write_model
 from toolkit.bin import export
 from toolkit.export.check import ExportCheckError, audio_features, check_ctc, run_chunks
-from toolkit.export.loading import load_model_dir
+from toolkit.inference.loader import config_path_of, load_asr_model
 from toolkit.export.onnx import chunk_inputs
 from toolkit.models.transformer.search import ctc_greedy_search
 from toolkit.utils.config_parsing import ConfigError
@@ -48,7 +48,8 @@ def test_the_export_writes_sherpa_onnx_files_with_its_metadata(exported):
     names = {"model.onnx", "model-streaming.onnx", "decoder.onnx", "tokens.txt", "model.int8.onnx",
              "model-streaming.int8.onnx", "decoder.int8.onnx"}
     assert set(os.listdir(out_dir)) == names
-    _, tokenizer, model = load_model_dir(str(model_dir), "init.pt")
+    loaded = load_asr_model(config_path_of(str(model_dir)), "init.pt")
+    tokenizer, model = loaded.tokenizer, loaded.model
     tokens = (out_dir / "tokens.txt").read_text(encoding="utf-8").splitlines()
     assert tokens[0] == "<blank> 0" and len(tokens) == tokenizer.vocab_size()
     assert tokens[-1] == f"<sos/eos> {tokenizer.vocab_size() - 1}"
@@ -65,7 +66,8 @@ def test_the_export_writes_sherpa_onnx_files_with_its_metadata(exported):
 
 def test_onnxruntime_greedy_output_equals_torch_on_every_test_clip(exported):
     model_dir, out_dir = exported
-    config, _, model = load_model_dir(str(model_dir), "init.pt")
+    loaded = load_asr_model(config_path_of(str(model_dir)), "init.pt")
+    config, model = loaded.config, loaded.model
     session = _session(out_dir / "model.onnx")
     for entry in kaldi_entries("tiny_fsdd", "test"):
         feat = audio_features(entry["wav"], config.dataset_conf)
@@ -79,7 +81,8 @@ def test_onnxruntime_greedy_output_equals_torch_on_every_test_clip(exported):
 @pytest.mark.parametrize("chunk_size, num_left_chunks", [(8, 2), (4, 1)])
 def test_the_chunk_model_runs_other_chunk_sizes_and_caches_than_traced(exported, chunk_size, num_left_chunks):
     model_dir, out_dir = exported
-    config, _, model = load_model_dir(str(model_dir), "init.pt")
+    loaded = load_asr_model(config_path_of(str(model_dir)), "init.pt")
+    config, model = loaded.config, loaded.model
     feat = audio_features(CHECK_AUDIO[2], config.dataset_conf)
     encoder = model.encoder
     stride, window, _ = encoder.chunk_windows(chunk_size, num_left_chunks)
@@ -95,7 +98,8 @@ def test_the_chunk_model_runs_other_chunk_sizes_and_caches_than_traced(exported,
 
 def test_a_check_against_other_weights_fails_naming_the_file_and_output(exported):
     model_dir, out_dir = exported
-    config, _, model = load_model_dir(str(model_dir), "init.pt")
+    loaded = load_asr_model(config_path_of(str(model_dir)), "init.pt")
+    config, model = loaded.config, loaded.model
     with torch.no_grad():
         model.ctc.ctc_lo.bias[0] += 0.01  # the blank's logit: the exported file is now of another model
     feats = [audio_features(CHECK_AUDIO[0], config.dataset_conf)]
@@ -109,11 +113,11 @@ def test_bad_input_is_one_line(tmp_path):
     base = ["--model_dir", model_dir, "--checkpoint", "init.pt", "--out_dir", str(tmp_path / "onnx")]
     with pytest.raises(ConfigError, match="--streaming true: the model was not trained for streaming"):
         export.main(base + ["--streaming", "true"])
-    with pytest.raises(ConfigError, match=f"--model_dir {tmp_path}: no train.yaml"):
+    with pytest.raises(ConfigError, match=f"model dir {tmp_path} holds no train.yaml"):
         export.main(["--model_dir", str(tmp_path), "--checkpoint", "init.pt", "--out_dir", str(tmp_path / "o")])
-    with pytest.raises(ConfigError, match="--checkpoint missing.pt: no such file"):
+    with pytest.raises(ConfigError, match="checkpoint missing.pt: no such file"):
         export.main(base[:3] + ["missing.pt"] + base[4:])
-    with pytest.raises(ConfigError, match=f"--checkpoint {tmp_path}: a directory, not a checkpoint file"):
+    with pytest.raises(ConfigError, match=f"checkpoint {tmp_path}: a directory, not a checkpoint file"):
         export.main(base[:3] + [str(tmp_path)] + base[4:])
     empty = tmp_path / "empty.wav"
     empty.write_bytes(b"")
