@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Iterator
 
 import torch
 
@@ -28,7 +28,7 @@ def check_dtype(dtype: str, device_type: str) -> None:
 
 
 class Engine(abc.ABC):
-    """One training back-end (torch DDP, DeepSpeed).
+    """One training back-end (torch DDP, DeepSpeed, torch FSDP2).
 
     Args:
         ctx: the rank context.
@@ -74,6 +74,24 @@ class Engine(abc.ABC):
     def accumulate(self, sync: bool) -> ContextManager:
         """Context around forward+backward of one micro-batch; ``sync=False`` skips the gradient all-reduce
         (gradient accumulation, ``accum_grad`` > 1)."""
+
+    def grad_leaves(self) -> list[torch.Tensor]:
+        """The tensors the backward pass accumulates gradients into: the parameters of :attr:`module` that require
+        one (an engine whose forward runs on other tensors, as FSDP's gathered parameters, names those)."""
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def gradients_zeroed(self) -> Iterator[None]:
+        """Inside, every gradient arriving at a tensor of :meth:`grad_leaves` is replaced by zeros before it is
+        accumulated into ``.grad``, hence before the engine's reduction reads it (a batch whose loss is not finite).
+        The backward pass itself still runs, so the engine's collectives see the same parameters as for any other
+        batch."""
+        handles = [leaf.register_hook(torch.zeros_like) for leaf in self.grad_leaves()]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     @abc.abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
