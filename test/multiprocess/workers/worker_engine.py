@@ -219,7 +219,7 @@ report.update({"steps": progress.step, "dropped": dropped + join.report.dropped,
                "dropped_utts": first.dropped_utts + second.dropped_utts,
                "local_utts": first.num_utts + second.num_utts, "losses": model.losses,
                "step_s": [b - a for a, b in zip(model.times, model.times[1:])], "lr": engine.lr,
-               "params": full_params()})
+               "params": full_params(), "param_dtypes": sorted({str(p.dtype) for p in engine.module.parameters()})})
 if args.cv:
     cv = executor.cv([make_batch([utts[(20 * ctx.rank + args.batch_size * i + j) % len(utts)]
                                   for j in range(args.batch_size)]) for i in range(args.cv[ctx.rank])])
