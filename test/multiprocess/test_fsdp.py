@@ -68,6 +68,14 @@ def test_sharded_conformer_blocks_train_as_torch_ddp(conformer_ddp, tmp_path, op
                for a, b in zip(values, fsdp[0]["params"][key])) < 1e-3
 
 
+def test_uneven_data_finishes_with_the_same_step_count(tmp_path):
+    # rank 0 has 5 batches, rank 1 has 3: the join stops both after 3 (FSDP's all-gathers need every rank)
+    r0, r1 = train(tmp_path, "5", "3", "--model", "conformer", *FSDP, "--fsdp_sharding_strategy", "zero3")
+    assert r0["steps"] == r1["steps"] == 3
+    assert (r0["dropped"], r1["dropped"]) == (2, 0)
+    assert r0["params"] == r1["params"]
+
+
 def test_bf16_parameters_with_cpu_offload_train_as_torch_ddp_under_autocast(tmp_path):
     # bf16 here gathers bf16 weights (and autocasts), torch_ddp autocasts fp32 weights: the same model in another
     # rounding; measured 2026-12-07: losses within 0.09 %, CV loss within 0.03 %
