@@ -95,7 +95,8 @@ class TorchFSDPEngine(Engine):
         name_of = {id(param): name for name, param in model.named_parameters()}
         policy = {"reshard_after_forward": self.reshard_after_forward,
                   "mp_policy": MixedPrecisionPolicy(param_dtype=PRECISIONS[self.dtype], reduce_dtype=torch.float32),
-                  "offload_policy": CPUOffloadPolicy(pin_memory=False) if self.cpu_offload else OffloadPolicy()}
+                  "offload_policy": (CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda") if self.cpu_offload
+                                     else OffloadPolicy())}
         for block in repeated_blocks(model).values():
             fully_shard(block, **policy)
         fully_shard(model, **policy)
