@@ -1,8 +1,8 @@
 """The torch_fsdp engine (FSDP2) on 2 real gloo ranks (CPU): the same training as torch_ddp (within the float32
 rounding bound of ``worker_engine.RoundingBound``; the tiny conformer with its blocks sharded, both sharding
 strategies, across an accumulation boundary and the epoch's cut-short last accumulation), CV on uneven shares,
-consolidated checkpoints that resume in either engine with their optimizer state, and the trainer's exact mid-epoch
-resume."""
+consolidated checkpoints that resume in either engine with their optimizer state and on 3 ranks, and the trainer's
+exact mid-epoch resume."""
 
 import os
 
@@ -118,6 +118,19 @@ def test_fsdp_checkpoint_resumes_in_either_engine(fsdp_saved, tmp_path, engine):
     assert sorted(optim["state"]) == list(range(len(state[MODEL_KEY])))
     assert [len(group["params"]) for group in optim["param_groups"]] == [len(state[MODEL_KEY])]
     assert int(optim["state"][0]["step"]) == 3
+
+
+def test_fsdp_checkpoint_resumes_on_3_ranks(fsdp_saved, tmp_path):
+    # the consolidated file is resharded by whoever loads it: 3 ranks (slices of uneven size) take it up
+    path, full = fsdp_saved
+    proc = run_ranks(WORKER, str(tmp_path), "5", "5", "5", *FSDP, "--skip", "3", "--resume", path, nproc=3,
+                     timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    resumed = read_rank_reports(tmp_path, 3)
+    # rank 0's next batch is the one the 2-rank run trained next, on the same restored weights
+    assert resumed[0]["losses"][0] == full[0]["losses"][3]
+    assert all(report["steps"] == 2 and report["lr"] == full[0]["lr"] for report in resumed)
+    assert resumed[0]["params"] == resumed[1]["params"] == resumed[2]["params"]
 
 
 def test_ddp_checkpoint_resumes_in_fsdp(tmp_path):
