@@ -1,10 +1,12 @@
 """The torch_fsdp engine (FSDP2) on 2 real gloo ranks (CPU): the same training as torch_ddp (within the float32
 rounding bound of ``worker_engine.RoundingBound``; the tiny conformer with its blocks sharded, both sharding
 strategies, across an accumulation boundary and the epoch's cut-short last accumulation), CV on uneven shares,
-consolidated checkpoints that resume in either engine with their optimizer state and on 3 ranks, and the trainer's
-exact mid-epoch resume."""
+consolidated checkpoints that resume in either engine with their optimizer state and on 3 ranks, sharded (DCP)
+checkpoints that resume from their shards on 2 and 3 ranks and refuse a missing shard, and the trainer's exact
+mid-epoch resume."""
 
 import os
+import shutil
 
 import pytest
 
@@ -133,6 +135,50 @@ def test_fsdp_checkpoint_resumes_on_3_ranks(fsdp_saved, tmp_path):
     assert resumed[0]["params"] == resumed[1]["params"] == resumed[2]["params"]
 
 
+@pytest.fixture(scope="module")
+def fsdp_sharded(tmp_path_factory):
+    """As :func:`fsdp_saved` with ``fsdp_state_dict_type: sharded`` (the optimizer state only in ``epoch_0/``)."""
+    base = tmp_path_factory.mktemp("fsdp_sharded")
+    path = str(base / "epoch_0.pt")
+    full = train(base, "5", "5", *FSDP, "--fsdp_sharding_strategy", "zero3", "--fsdp_state_dict_type", "sharded",
+                 "--save", path, "--save_after", "3")
+    return path, full
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_sharded_checkpoint_resumes_from_its_shards(fsdp_sharded, tmp_path, nproc):
+    path, full = fsdp_sharded
+    assert sorted(os.listdir(path[:-3])) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    state = load_checkpoint(path)
+    assert OPTIMIZER_KEY not in state  # gathered: the model only, for decoding and averaging
+    for key, value in state[MODEL_KEY].items():
+        assert value.flatten().tolist() == full[0]["params_at_save"][key]
+    proc = run_ranks(WORKER, str(tmp_path), *["5"] * nproc, *FSDP, "--skip", "3", "--resume", path, nproc=nproc,
+                     timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    resumed = read_rank_reports(tmp_path, nproc)
+    if nproc == 2:  # Adam's moments came from the shards (fresh ones would take other steps): bit for bit
+        assert [report["losses"] for report in resumed] == [report["losses"][3:] for report in full]
+        assert resumed[0]["params"] == full[0]["params"]
+    else:  # resharded over 3 ranks: rank 0's next batch on the same restored weights
+        assert resumed[0]["losses"][0] == full[0]["losses"][3]
+    assert all(report["steps"] == 2 and report["lr"] == full[0]["lr"] for report in resumed)
+
+
+def test_a_missing_shard_stops_every_rank_naming_it(fsdp_sharded, tmp_path):
+    path, _ = fsdp_sharded
+    copy = tmp_path / "copy"
+    shutil.copytree(os.path.dirname(path), copy)
+    os.remove(copy / "epoch_0" / "__1_0.distcp")
+    proc = run_ranks(WORKER, str(tmp_path), "5", "5", *FSDP, "--skip", "3", "--resume", str(copy / "epoch_0.pt"),
+                     timeout=240)
+    assert proc.returncode != 0
+    for rank in range(2):
+        assert (tmp_path / f"error_rank{rank}.txt").read_text() == (
+            f"cannot resume {copy / 'epoch_0.pt'} from its shard directory {copy / 'epoch_0'}: "
+            "rank 0 cannot see __1_0.distcp; rank 1 cannot see __1_0.distcp")
+
+
 def test_ddp_checkpoint_resumes_in_fsdp(tmp_path):
     path = str(tmp_path / "ddp" / "epoch_0.pt")
     full = train(tmp_path / "ddp", "5", "5", "--save", path, "--save_after", "3")
@@ -144,11 +190,15 @@ def test_ddp_checkpoint_resumes_in_fsdp(tmp_path):
                for a, b in zip(values, resumed[0]["params"][key])) < 1e-5
 
 
-def test_fsdp_mid_epoch_resume_through_the_trainer_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
+def test_fsdp_mid_epoch_resume_through_the_trainer_is_bit_identical(tmp_path, state_dict_type):
     # the real trainer and pipeline (dropout, SpecAugment, CV on every rank, saver hooks), the tiny conformer's
-    # blocks sharded and resharded after forward
+    # blocks sharded and resharded after forward; sharded: step_8 resumes from its shard directory
     full, resumed = uninterrupted_and_resumed(tmp_path, "--train_engine", "torch_fsdp", "--override_config",
-                                              "train_conf.fsdp_sharding_strategy zero3")
+                                              "train_conf.fsdp_sharding_strategy zero3", "--override_config",
+                                              f"train_conf.fsdp_state_dict_type {state_dict_type}")
     assert_same_epoch_1(full, resumed)
     state = load_checkpoint(str(resumed / "epoch_1.pt"))
-    assert state[OPTIMIZER_KEY]["state"] and state["scheduler"]["last_epoch"] == 10
+    assert state["scheduler"]["last_epoch"] == 10
+    assert (OPTIMIZER_KEY in state) == (state_dict_type == "full")
+    assert os.path.isdir(resumed / "step_8") == (state_dict_type == "sharded")

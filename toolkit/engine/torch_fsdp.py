@@ -24,15 +24,22 @@ every rank takes part in gathering the full model and optimizer state
 (``torch.distributed.checkpoint.state_dict``, full state dict offloaded to the CPU of global rank 0), which alone
 writes ``{tag}.pt`` and its ``.yaml`` commit marker. The optimizer state is stored in torch's own layout (parameters
 numbered in the optimizer's order), so a checkpoint of either engine resumes in the other, optimizer included.
+With ``fsdp_state_dict_type: sharded`` the optimizer state is not gathered: every rank writes its slices of the model
+and the optimizer state into ``{tag}/`` (DCP, ``torch.distributed.checkpoint.save``), then rank 0 writes the ``.pt``
+(model and scheduler) and last the ``.yaml``, which commits both. A resume reads ``{tag}/`` when it is there (each
+rank the slices it needs, whatever the world size that wrote them), after every rank has checked that it sees every
+file the DCP metadata lists.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 from typing import Any, ContextManager, Iterator
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
@@ -40,15 +47,17 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
                                     fully_shard)
 from torch.distributed.tensor import DTensor
 
+from toolkit.distributed.collectives import all_gather_objects
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import check_collective, run_on_main
 from toolkit.engine.base import PRECISIONS, Engine
 from toolkit.engine.compile import repeated_blocks
 from toolkit.engine.train_conf import TrainConf
-from toolkit.utils.checkpoint import EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, save_checkpoint
+from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, check_model_state,
+                                      load_checkpoint, save_checkpoint)
 from toolkit.utils.config_parsing import ConfigError
 
-FSDP_KEYS = ("fsdp_sharding_strategy", "fsdp_cpu_offload")
+FSDP_KEYS = ("fsdp_sharding_strategy", "fsdp_cpu_offload", "fsdp_state_dict_type")
 FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -87,6 +96,7 @@ class TorchFSDPEngine(Engine):
         super().__init__(ctx, train_conf.dtype, train_conf.grad_clip)
         self.reshard_after_forward = train_conf.fsdp_sharding_strategy == "zero3"
         self.cpu_offload = bool(train_conf.fsdp_cpu_offload)
+        self.sharded_checkpoints = train_conf.fsdp_state_dict_type == "sharded"
 
     def prepare(self, model, optimizer, scheduler):
         """Shard ``model`` in place (each block, then the root) and point ``optimizer``'s parameter groups at the
@@ -200,11 +210,22 @@ class TorchFSDPEngine(Engine):
         if SCHEDULER_KEY in state:
             self.scheduler.load_state_dict(state[SCHEDULER_KEY])
 
+    def _sharded_state(self) -> dict[str, Any]:
+        """This rank's slices of the model and optimizer state (DTensors), keyed by parameter name."""
+        return {"model": get_model_state_dict(self.model),
+                "optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+
     def save(self, path: str, info: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
-        """Collective: every rank takes part in the gather (:meth:`state_dict`), global rank 0 writes ``path`` and
+        """Collective: every rank takes part in the gather (:meth:`state_dict`; with sharded checkpoints every rank
+        first writes its slices into ``{tag}/`` and only the model is gathered), global rank 0 writes ``path`` and
         its ``.yaml`` as :meth:`Engine.save` does."""
         check_collective("save_model")
-        state = self.state_dict()
+        if self.sharded_checkpoints:
+            dcp.save(self._sharded_state(), checkpoint_id=_shard_dir(path))
+            state = {MODEL_KEY: get_model_state_dict(self.model, options=FULL_STATE),
+                     SCHEDULER_KEY: self.scheduler.state_dict()}
+        else:
+            state = self.state_dict()
 
         def write() -> None:
             if extra is not None:
@@ -212,3 +233,40 @@ class TorchFSDPEngine(Engine):
             save_checkpoint(path, state, info)
 
         run_on_main(write)
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Resume from ``path``: from its DCP directory ``{tag}/`` when there is one (model and optimizer slices;
+        the scheduler and ``extra`` from the ``.pt``), else from the ``.pt`` alone (:meth:`Engine.load`). Collective.
+
+        Raises:
+            ConfigError: on every rank, naming the files: a rank cannot see a file the directory's ``.metadata``
+                lists (or the metadata itself); or what :meth:`Engine.load` raises.
+        """
+        check_collective("load_model")
+        shard_dir = _shard_dir(path)
+        if not os.path.isdir(shard_dir):
+            return super().load(path)
+        try:
+            metadata = dcp.FileSystemReader(shard_dir).read_metadata()
+            names = {item.relative_path for item in metadata.storage_data.values()}
+            missing = sorted(name for name in names if not os.path.exists(os.path.join(shard_dir, name)))
+        except (OSError, ValueError, EOFError) as e:  # no .metadata, or a cut one
+            missing = [f".metadata ({type(e).__name__})"]
+        report = [f"rank {rank} cannot see {', '.join(files)}"
+                  for rank, files in enumerate(all_gather_objects(missing, "load_model shards")) if files]
+        if report:
+            raise ConfigError(f"cannot resume {path} from its shard directory {shard_dir}: " + "; ".join(report))
+        consolidated = load_checkpoint(path, mmap=True)
+        check_model_state(self.model_shapes(), consolidated[MODEL_KEY], path)
+        state = self._sharded_state()
+        dcp.load(state, checkpoint_id=shard_dir)
+        set_model_state_dict(self.model, state["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(consolidated[SCHEDULER_KEY])
+        return consolidated.get(EXTRA_KEY, {})
+
+
+def _shard_dir(path: str) -> str:
+    """``exp/x/epoch_3.pt`` -> ``exp/x/epoch_3`` (what :func:`~toolkit.utils.checkpoint.delete_checkpoint` removes
+    with the checkpoint)."""
+    return path[: -len(".pt")]

@@ -5,7 +5,8 @@ or resuming a checkpoint, and writes a JSON report (per-step losses, steps, para
         [--save PATH [--save_after N]] [--resume PATH] [--drop_shards]
         [--join_mode monitored_barrier --join_timeout_s S] [--optim sgd --grad_clip 0 --record_bound]
         [--model conformer [--activation_checkpointing]]
-        [--engine torch_fsdp [--fsdp_sharding_strategy zero3] [--fsdp_cpu_offload] [--dtype bf16]]
+        [--engine torch_fsdp [--fsdp_sharding_strategy zero3] [--fsdp_cpu_offload] [--dtype bf16]
+         [--fsdp_state_dict_type sharded]]
         [--cv CV_BATCHES_RANK0 CV_BATCHES_RANK1]
 
 ``--cv``: after training, cross-validate on each rank's given number of batches (from utterance 20 r on), reported as
@@ -60,6 +61,7 @@ parser.add_argument("--activation_checkpointing", action="store_true", help="--m
 parser.add_argument("--record_bound", action="store_true")
 parser.add_argument("--fsdp_sharding_strategy", default=None, choices=("zero2", "zero3"))
 parser.add_argument("--fsdp_cpu_offload", action="store_true")
+parser.add_argument("--fsdp_state_dict_type", default=None, choices=("full", "sharded"))
 parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
 parser.add_argument("--cv", type=int, nargs=2, default=None, help="CV batches of each rank after training")
 args = parser.parse_args()
@@ -149,6 +151,8 @@ mine = [make_batch([utts[(offset + i * args.batch_size + j) % len(utts)] for j i
 fsdp_conf = {"fsdp_sharding_strategy": args.fsdp_sharding_strategy} if args.fsdp_sharding_strategy else {}
 if args.fsdp_cpu_offload:
     fsdp_conf["fsdp_cpu_offload"] = True
+if args.fsdp_state_dict_type:
+    fsdp_conf["fsdp_state_dict_type"] = args.fsdp_state_dict_type
 train_conf = resolve_train_conf({"log_interval": 1, "grad_clip": args.grad_clip, "accum_grad": args.accum_grad,
                                  "join_mode": args.join_mode, "join_timeout_s": args.join_timeout_s,
                                  "dtype": args.dtype, **fsdp_conf})
