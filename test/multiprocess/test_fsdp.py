@@ -179,6 +179,24 @@ def test_a_missing_shard_stops_every_rank_naming_it(fsdp_sharded, tmp_path):
             "rank 0 cannot see __1_0.distcp; rank 1 cannot see __1_0.distcp")
 
 
+@pytest.mark.parametrize("engine", ["torch_ddp", "torch_fsdp"])
+def test_a_sharded_checkpoint_without_its_shards_is_refused(fsdp_sharded, tmp_path, engine):
+    # torch_ddp cannot read the shards, torch_fsdp is given the .pt alone: either would restart Adam silently
+    path, _ = fsdp_sharded
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for suffix in (".pt", ".yaml"):
+        shutil.copy(path[:-3] + suffix, copy)
+    proc = run_ranks(WORKER, str(tmp_path), "5", "5", "--engine", engine, "--skip", "3", "--resume",
+                     str(copy / "epoch_0.pt"), timeout=240)
+    assert proc.returncode != 0
+    for rank in range(2):
+        assert (tmp_path / f"error_rank{rank}.txt").read_text() == (
+            f"cannot resume {copy / 'epoch_0.pt'}: its optimizer state is in the shard directory epoch_0/ beside it "
+            "(torch_fsdp, fsdp_state_dict_type sharded); resume it with --train_engine torch_fsdp and that directory "
+            "in place")
+
+
 def test_ddp_checkpoint_resumes_in_fsdp(tmp_path):
     path = str(tmp_path / "ddp" / "epoch_0.pt")
     full = train(tmp_path / "ddp", "5", "5", "--save", path, "--save_after", "3")

@@ -15,7 +15,8 @@ import torch
 
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import check_collective, run_on_main
-from toolkit.utils.checkpoint import EXTRA_KEY, MODEL_KEY, check_model_state, load_checkpoint, save_checkpoint
+from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_SHARDS_KEY, check_model_state,
+                                      load_checkpoint, save_checkpoint)
 from toolkit.utils.config_parsing import ConfigError
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -148,10 +149,15 @@ class Engine(abc.ABC):
 
         Raises:
             FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
-            ConfigError: ``path`` is not a readable checkpoint, or holds a model of another shape
+            ConfigError: ``path`` keeps its optimizer state in a shard directory (torch_fsdp's sharded checkpoints,
+                which only that engine reads), is not a readable checkpoint, or holds a model of another shape
                 (:func:`~toolkit.utils.checkpoint.load_checkpoint`, :func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         state = load_checkpoint(path)
+        if OPTIMIZER_SHARDS_KEY in state:  # NOTE: resuming without it would restart Adam's moments silently
+            raise ConfigError(f"cannot resume {path}: its optimizer state is in the shard directory "
+                              f"{state[OPTIMIZER_SHARDS_KEY]}/ beside it (torch_fsdp, fsdp_state_dict_type sharded); "
+                              "resume it with --train_engine torch_fsdp and that directory in place")
         check_model_state(self.model_shapes(), state[MODEL_KEY], path)
         self.load_state_dict(state)
         return state.get(EXTRA_KEY, {})

@@ -53,8 +53,8 @@ from toolkit.distributed.main_only import check_collective, run_on_main
 from toolkit.engine.base import PRECISIONS, Engine
 from toolkit.engine.compile import repeated_blocks
 from toolkit.engine.train_conf import TrainConf
-from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, SCHEDULER_KEY, check_model_state,
-                                      load_checkpoint, save_checkpoint)
+from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_KEY, OPTIMIZER_SHARDS_KEY, SCHEDULER_KEY,
+                                      check_model_state, load_checkpoint, save_checkpoint)
 from toolkit.utils.config_parsing import ConfigError
 
 FSDP_KEYS = ("fsdp_sharding_strategy", "fsdp_cpu_offload", "fsdp_state_dict_type")
@@ -223,7 +223,8 @@ class TorchFSDPEngine(Engine):
         if self.sharded_checkpoints:
             dcp.save(self._sharded_state(), checkpoint_id=_shard_dir(path))
             state = {MODEL_KEY: get_model_state_dict(self.model, options=FULL_STATE),
-                     SCHEDULER_KEY: self.scheduler.state_dict()}
+                     SCHEDULER_KEY: self.scheduler.state_dict(),
+                     OPTIMIZER_SHARDS_KEY: os.path.basename(_shard_dir(path))}
         else:
             state = self.state_dict()
 

@@ -39,6 +39,7 @@ OPTIMIZER_KEY = "optimizer"
 SCHEDULER_KEY = "scheduler"
 SCALER_KEY = "scaler"
 EXTRA_KEY = "extra"
+OPTIMIZER_SHARDS_KEY = "optimizer_shards"  # the shard directory beside the .pt that holds its optimizer state
 
 
 def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb",
