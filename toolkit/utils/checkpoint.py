@@ -242,8 +242,8 @@ def newest_checkpoint(model_dir: str) -> str | None:
 
 def delete_checkpoint(path: str) -> list[str]:
     """Remove checkpoint ``path``: its ``.yaml`` (the commit marker) first, so a crash half-way leaves an
-    uncommitted ``.pt`` that loaders ignore, then the ``.pt`` and the DeepSpeed shard directory ``{tag}/`` beside
-    it. Files already gone are no error. Returns the paths removed.
+    uncommitted ``.pt`` that loaders ignore, then the ``.pt`` and the shard directory ``{tag}/`` beside it
+    (DeepSpeed's, torch_fsdp's sharded checkpoints). Files already gone are no error. Returns the paths removed.
     """
     removed = []
     yaml_path = info_path(path)
