@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# GPU check of both training engines (nccl + bf16) through the real recipe, on the small real corpora shipped in
-# corpora/tiny_fsdd and corpora/tiny_lj: data prep once, then for torch_ddp and deepspeed (ZeRO 2) 20 epochs of
-# conf/train_tiny.yaml (batch 8) in bf16, averaging, a recognize.py decode and WER. Prints what it saw: GPU,
-# versions, the per-step losses, the median seconds per step and the RESULTS table of each engine. Needs only the
+# GPU check of the training engines (nccl + bf16) through the real recipe, on the small real corpora shipped in
+# corpora/tiny_fsdd and corpora/tiny_lj: data prep once, then for torch_ddp, deepspeed (ZeRO 2) and torch_fsdp (zero2)
+# 20 epochs of conf/train_tiny.yaml (batch 8) in bf16, averaging, a recognize.py decode and WER. Prints what it saw:
+# GPU, versions, the per-step losses, the median seconds per step and the RESULTS table of each engine. Needs only the
 # repository (with corpora/tiny_*) and, if the machine lacks them, a folder of the requirements it lacks: wheels,
 # and the sdists of deepspeed and kenlm (PyPI has no wheels of them), built there against the machine's own torch.
 # Decodes without the word LM (--lm_order 0): its stage 2 needs wordfreq, whose word lists are 57 MB.
@@ -10,7 +10,7 @@
 #   bash tools/gpu_check.sh [WHEEL_DIR]          # output under $OUT (or /tmp/gpu_check)
 #
 # One H200 (2026-12-04): 4.4 minutes, of which 1.3 building and installing the wheels, 32 s data prep and about 80 s
-# for each engine (docs/multi-gpu-and-nodes.md).
+# for each engine (docs/multi-gpu-and-nodes.md); torch_fsdp was added later and has not run on a GPU yet.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${OUT:-/tmp/gpu_check}
@@ -38,7 +38,7 @@ SECONDS=0
 bash run.sh --stage -1 --stop_stage 3 "${common[@]}" > "$out/prep.log" 2>&1
 echo "data prep: ${SECONDS} s"
 
-for engine in torch_ddp deepspeed; do
+for engine in torch_ddp deepspeed torch_fsdp; do
   extra=()
   [ "$engine" = deepspeed ] && extra=(--deepspeed_config conf/ds_stage2.json)
   SECONDS=0

@@ -1,6 +1,6 @@
-"""Non-finite values on 2 real gloo ranks, torch_ddp against DeepSpeed ZeRO 0 and 2 (CPU), accum_grad 2: a NaN loss on
-one rank costs only that micro-batch (the step goes on with the other ranks' and micro-batches' gradients), and an
-infinite gradient skips the update and the LR step on every rank of every engine alike."""
+"""Non-finite values on 2 real gloo ranks, torch_ddp against DeepSpeed ZeRO 0 and 2 and torch_fsdp (CPU), accum_grad
+2: a NaN loss on one rank costs only that micro-batch (the step goes on with the other ranks' and micro-batches'
+gradients), and an infinite gradient skips the update and the LR step on every rank of every engine alike."""
 
 import math
 import os
@@ -59,9 +59,10 @@ def test_torch_ddp_skips_only_the_bad_micro_batch_and_the_overflowed_step(ddp):
     assert_skips_only_the_bad_micro_batch(*ddp)
 
 
-@pytest.mark.parametrize("stage", [0, 2])
-def test_deepspeed_agrees_with_torch_ddp(ddp, tmp_path, stage):
-    reports, stderr = train(tmp_path, "--engine", "deepspeed", "--stage", str(stage))
+@pytest.mark.parametrize("engine", [("deepspeed", "--stage", "0"), ("deepspeed", "--stage", "2"), ("torch_fsdp",)],
+                         ids=["zero0", "zero2", "fsdp"])
+def test_other_engines_agree_with_torch_ddp(ddp, tmp_path, engine):
+    reports, stderr = train(tmp_path, "--engine", *engine)
     assert_skips_only_the_bad_micro_batch(reports, stderr)
     for rank in range(2):
         expected = ddp[0][rank]

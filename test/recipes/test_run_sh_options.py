@@ -54,7 +54,9 @@ from test.multiprocess.workers.recognize_setup import write_model
      "data/test_fsdd/data.list is missing: stage 3 writes it for each of --corpora"),
     # what the ranks found under torchrun's traceback, or torchrun after 89 s of retries (issue 45)
     (["--train_engine", "ddp"], "error: train.py: argument --train_engine: invalid choice: 'ddp' (choose from "
-                                "'torch_ddp', 'deepspeed') (see --help)"),
+                                "'torch_ddp', 'deepspeed', 'torch_fsdp') (see --help)"),
+    (["--overrides", "train_conf.fsdp_sharding_strategy zero3"],  # issue 48
+     "train_conf.fsdp_sharding_strategy is a --train_engine torch_fsdp option (got --train_engine torch_ddp)"),
     (["--checkpoint", "exp/epoch_9.pt"], "--checkpoint exp/epoch_9.pt: no such file"),
     pytest.param(["--overrides", "train_conf.dtype fp16"], "train_conf.dtype fp16 needs a GPU; use bf16 or fp32 on CPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is valid with a GPU")),

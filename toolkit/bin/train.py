@@ -21,7 +21,8 @@ an earlier run (its ``train.yaml`` or committed checkpoints) stops in one line u
 that run or ``--start_over`` moves it into ``exp/conformer/previous_runs/N/``; a second job on a dir in use stops in
 one line. Nothing is written there before every check has passed.
 DeepSpeed ZeRO instead of DDP: add ``--train_engine deepspeed --deepspeed_config conf/ds_stage2.json`` (stage 1/2/3
-JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come from the YAML).
+JSONs in the recipe's conf/; micro batch, accum_grad, grad_clip and dtype come from the YAML). PyTorch FSDP2:
+``--train_engine torch_fsdp`` (its ``train_conf.fsdp_*`` keys: :mod:`toolkit.engine.torch_fsdp`).
 
 Check only (the recipe runs this before any stage; one process, no rank, no file written):
 
@@ -231,9 +232,9 @@ def setup_logging(rank: int | None = None) -> None:
 def wrap_cuda_model(args: argparse.Namespace, ctx: DistContext, config: Config, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler) -> Engine:
     """The engine of ``--train_engine``, holding the model on this rank's device, wrapped for data parallelism
-    (DDP or DeepSpeed), with its optimizer and scheduler; with ``train_conf.compile`` the model's blocks are compiled
-    in place first (:mod:`toolkit.engine.compile`). WeNet's name, kept: it wraps for whatever device the rank has,
-    the CPU too (gloo), not only CUDA."""
+    (DDP, DeepSpeed or FSDP2), with its optimizer and scheduler; with ``train_conf.compile`` the model's blocks are
+    compiled in place first (:mod:`toolkit.engine.compile`). WeNet's name, kept: it wraps for whatever device the
+    rank has, the CPU too (gloo), not only CUDA."""
     batch = config.dataset_conf.batch_conf
     engine = init_engine(args.train_engine, ctx, config.train_conf, model.has_unused_parameters,
                          deepspeed_config=args.deepspeed_config,

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Iterator
 
 import torch
 
 from toolkit.distributed.context import DistContext
 from toolkit.distributed.main_only import check_collective, run_on_main
-from toolkit.utils.checkpoint import EXTRA_KEY, MODEL_KEY, check_model_state, load_checkpoint, save_checkpoint
+from toolkit.utils.checkpoint import (EXTRA_KEY, MODEL_KEY, OPTIMIZER_SHARDS_KEY, check_model_state,
+                                      load_checkpoint, save_checkpoint)
 from toolkit.utils.config_parsing import ConfigError
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -28,7 +29,7 @@ def check_dtype(dtype: str, device_type: str) -> None:
 
 
 class Engine(abc.ABC):
-    """One training back-end (torch DDP, DeepSpeed).
+    """One training back-end (torch DDP, DeepSpeed, torch FSDP2).
 
     Args:
         ctx: the rank context.
@@ -74,6 +75,24 @@ class Engine(abc.ABC):
     def accumulate(self, sync: bool) -> ContextManager:
         """Context around forward+backward of one micro-batch; ``sync=False`` skips the gradient all-reduce
         (gradient accumulation, ``accum_grad`` > 1)."""
+
+    def grad_leaves(self) -> list[torch.Tensor]:
+        """The tensors the backward pass accumulates gradients into: the parameters of :attr:`module` that require
+        one (an engine whose forward runs on other tensors, as FSDP's gathered parameters, names those)."""
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def gradients_zeroed(self) -> Iterator[None]:
+        """Inside, every gradient arriving at a tensor of :meth:`grad_leaves` is replaced by zeros before it is
+        accumulated into ``.grad``, hence before the engine's reduction reads it (a batch whose loss is not finite).
+        The backward pass itself still runs, so the engine's collectives see the same parameters as for any other
+        batch."""
+        handles = [leaf.register_hook(torch.zeros_like) for leaf in self.grad_leaves()]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     @abc.abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
@@ -130,10 +149,15 @@ class Engine(abc.ABC):
 
         Raises:
             FileNotFoundError: ``path`` or its committed ``.yaml`` is missing.
-            ConfigError: ``path`` is not a readable checkpoint, or holds a model of another shape
+            ConfigError: ``path`` keeps its optimizer state in a shard directory (torch_fsdp's sharded checkpoints,
+                which only that engine reads), is not a readable checkpoint, or holds a model of another shape
                 (:func:`~toolkit.utils.checkpoint.load_checkpoint`, :func:`~toolkit.utils.checkpoint.check_model_state`).
         """
         state = load_checkpoint(path)
+        if OPTIMIZER_SHARDS_KEY in state:  # NOTE: resuming without it would restart Adam's moments silently
+            raise ConfigError(f"cannot resume {path}: its optimizer state is in the shard directory "
+                              f"{state[OPTIMIZER_SHARDS_KEY]}/ beside it (torch_fsdp, fsdp_state_dict_type sharded); "
+                              "resume it with --train_engine torch_fsdp and that directory in place")
         check_model_state(self.model_shapes(), state[MODEL_KEY], path)
         self.load_state_dict(state)
         return state.get(EXTRA_KEY, {})

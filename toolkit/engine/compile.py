@@ -56,18 +56,25 @@ def compile_blocks(model: nn.Module) -> list[str]:
     # compiled resume test: 62 s with it, 59 s without). A loader hang once blamed on the pool was the fork bug
     # that toolkit.dataset.loader.loader_context avoids.
     torch._inductor.config.compile_threads = 1
-    names: list[str] = []
-    for list_name, blocks in model.named_modules():
-        inside_compiled = any(list_name.startswith(f"{name}.") for name in names)
-        if not isinstance(blocks, nn.ModuleList) or inside_compiled:
-            continue
-        for index, block in enumerate(blocks):
-            _convolutions_eager(block)
-            block.compile(dynamic=True)
-            names.append(f"{list_name}.{index}")
-    if not names:
+    blocks = repeated_blocks(model)
+    if not blocks:
         raise ValueError(f"train_conf.compile: {type(model).__name__} has no nn.ModuleList of blocks to compile")
-    return names
+    for block in blocks.values():
+        _convolutions_eager(block)
+        block.compile(dynamic=True)
+    return list(blocks)
+
+
+def repeated_blocks(model: nn.Module) -> dict[str, nn.Module]:
+    """``{qualified name: block}`` of every module held in an ``nn.ModuleList`` of ``model`` (the encoder and decoder
+    layers), outermost lists only (a list inside a block stays part of that block), in ``named_modules`` order: what
+    :func:`compile_blocks` compiles and what ``torch_fsdp`` shards as one unit each."""
+    blocks: dict[str, nn.Module] = {}
+    for list_name, modules in model.named_modules():
+        inside_block = any(list_name.startswith(f"{name}.") for name in blocks)
+        if isinstance(modules, nn.ModuleList) and not inside_block:
+            blocks.update((f"{list_name}.{index}", block) for index, block in enumerate(modules))
+    return blocks
 
 
 def _convolutions_eager(block: nn.Module) -> None:

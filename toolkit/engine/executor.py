@@ -14,9 +14,10 @@ in the epoch's ``skipped`` counts, so trained + dropped + skipped = offered stil
 * ``too_few_encoder_frames``: the ones the model excluded (e.g. 2 encoder frames for a 10-character target: no CTC
   alignment exists, and ``zero_infinity`` would have scored them 0 silently).
 * ``non_finite_loss``: every utterance of a batch whose loss is NaN or infinite. That batch is not added to the loss
-  sums, and its gradient is replaced by zeros before it reaches ``.grad`` (so before DDP's or DeepSpeed's gradient
-  all-reduce): the other micro-batches of the accumulation and the other ranks' batches still make the step, whose
-  gradient is their sum over ``accum_grad`` x world size, the bad batch counting as zero.
+  sums, and its gradient is replaced by zeros before it reaches ``.grad`` (so before the engine's gradient
+  reduction; :meth:`Engine.gradients_zeroed`): the other micro-batches of the accumulation and the other ranks'
+  batches still make the step, whose gradient is their sum over ``accum_grad`` x world size, the bad batch counting
+  as zero.
 
 A step whose global gradient norm is still non-finite (e.g. an overflow in the backward pass) is skipped by every
 engine on every rank, and the LR schedule does not advance (see :meth:`Engine.step`); such steps are counted in
@@ -63,19 +64,6 @@ def _log_left_out(batch: dict, loss: float, excluded: torch.Tensor | None, where
         keys = [key for key, out in zip(batch["keys"], excluded.tolist()) if out]
         logging.warning("%s: encoder output too short for the target (no CTC alignment, or no frame); %d counted "
                         "as %s: %s", where, len(keys), TOO_FEW_ENCODER_FRAMES, " ".join(keys))
-
-
-@contextlib.contextmanager
-def _gradients_zeroed(module: torch.nn.Module) -> Iterator[None]:
-    """Inside, every gradient arriving at a parameter of ``module`` is replaced by zeros before it is accumulated
-    into ``.grad``, hence before DDP's or DeepSpeed's reduction hooks read it. The backward pass itself still runs,
-    so the engines' collectives see the same parameters as for any other batch."""
-    handles = [p.register_hook(torch.zeros_like) for p in module.parameters() if p.requires_grad]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _to_device(batch: dict, device: torch.device) -> list[torch.Tensor]:
@@ -252,7 +240,7 @@ class Executor:
                 with engine.autocast():
                     out = model(*_to_device(batch, engine.ctx.device))
                 loss = float(out["loss"].detach())
-                with contextlib.nullcontext() if math.isfinite(loss) else _gradients_zeroed(engine.module):
+                with contextlib.nullcontext() if math.isfinite(loss) else engine.gradients_zeroed():
                     engine.backward(out["loss"] / self.accum_grad)
             _log_left_out(batch, loss, out.get("excluded"), f"epoch {progress.epoch} step {progress.step + 1}")
             stats.add(batch, loss, self.frame_shift_s, out.get("excluded"))

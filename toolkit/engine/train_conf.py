@@ -14,6 +14,8 @@ from toolkit.distributed.join import JOIN_MODES
 from toolkit.utils.config_parsing import fill_defaults, require, typed
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+FSDP_SHARDING_STRATEGIES = ("zero2", "zero3")
+FSDP_STATE_DICT_TYPES = ("full", "sharded")
 
 
 @dataclass
@@ -42,6 +44,18 @@ class TrainConf:
         compile: ``torch.compile`` the model's repeated blocks (encoder and decoder layers) in place before the
             engine wraps the model (:mod:`toolkit.engine.compile`; off by default: on CPU it does not pay, see
             docs/benchmarks.md).
+        fsdp_sharding_strategy: ``--train_engine torch_fsdp`` only (another engine refuses it): ``zero2`` (the
+            default when unset: a block's gathered parameters are kept from its forward to its backward, as ZeRO-2)
+            or ``zero3`` (freed after the forward and gathered again in the backward, as ZeRO-3: less memory, one
+            more all-gather). WeNet's ``--fsdp_sharding_strategy`` and its meaning.
+        fsdp_cpu_offload: ``torch_fsdp`` only: keep the sharded parameters, their gradients and the optimizer step
+            in CPU memory (FSDP2's ``CPUOffloadPolicy``; a GPU run trades speed for memory, a CPU run gains
+            nothing). WeNet's ``--fsdp_cpu_offload``.
+        fsdp_state_dict_type: ``torch_fsdp`` only: ``full`` (the default when unset: the optimizer state is gathered
+            into the checkpoint's ``.pt`` with the model) or ``sharded`` (each rank writes its slice of the model and
+            the optimizer state into the directory ``{tag}/`` with ``torch.distributed.checkpoint``, and only the
+            model is gathered into the ``.pt``; such a checkpoint resumes with its optimizer state in torch_fsdp only).
+            Accelerate's ``fsdp_state_dict_type`` (FULL_STATE_DICT, SHARDED_STATE_DICT).
     """
 
     SECTION: ClassVar[str] = "train_conf"
@@ -60,6 +74,9 @@ class TrainConf:
     join_timeout_s: float = 30.0
     activation_checkpointing: bool = False
     compile: bool = False
+    fsdp_sharding_strategy: Optional[Literal[FSDP_SHARDING_STRATEGIES]] = None
+    fsdp_cpu_offload: Optional[bool] = None
+    fsdp_state_dict_type: Optional[Literal[FSDP_STATE_DICT_TYPES]] = None
 
     def __post_init__(self):
         for key in ("max_epoch", "accum_grad", "log_interval"):

@@ -39,6 +39,7 @@ OPTIMIZER_KEY = "optimizer"
 SCHEDULER_KEY = "scheduler"
 SCALER_KEY = "scaler"
 EXTRA_KEY = "extra"
+OPTIMIZER_SHARDS_KEY = "optimizer_shards"  # the shard directory beside the .pt that holds its optimizer state
 
 
 def atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb",
@@ -246,8 +247,8 @@ def newest_checkpoint(model_dir: str) -> str | None:
 
 def delete_checkpoint(path: str) -> list[str]:
     """Remove checkpoint ``path``: its ``.yaml`` (the commit marker) first, so a crash half-way leaves an
-    uncommitted ``.pt`` that loaders ignore, then the ``.pt`` and the DeepSpeed shard directory ``{tag}/`` beside
-    it. Files already gone are no error. Returns the paths removed.
+    uncommitted ``.pt`` that loaders ignore, then the ``.pt`` and the shard directory ``{tag}/`` beside it
+    (DeepSpeed's, torch_fsdp's sharded checkpoints). Files already gone are no error. Returns the paths removed.
     """
     removed = []
     yaml_path = info_path(path)

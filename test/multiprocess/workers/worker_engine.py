@@ -5,6 +5,12 @@ or resuming a checkpoint, and writes a JSON report (per-step losses, steps, para
         [--save PATH [--save_after N]] [--resume PATH] [--drop_shards]
         [--join_mode monitored_barrier --join_timeout_s S] [--optim sgd --grad_clip 0 --record_bound]
         [--model conformer [--activation_checkpointing]]
+        [--engine torch_fsdp [--fsdp_sharding_strategy zero3] [--fsdp_cpu_offload] [--dtype bf16]
+         [--fsdp_state_dict_type sharded]]
+        [--cv CV_BATCHES_RANK0 CV_BATCHES_RANK1]
+
+``--cv``: after training, cross-validate on each rank's given number of batches (from utterance 20 r on), reported as
+``cv_loss`` (reduced over the ranks) and ``cv_utts``.
 
 ``--record_bound`` (torch_ddp, ``--model linear --optim sgd``) also reports ``bound``: per parameter element, how far another
 engine's result may lie from this one by float32 rounding alone (see :class:`RoundingBound`).
@@ -22,6 +28,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
@@ -52,6 +59,11 @@ parser.add_argument("--grad_clip", type=float, default=5.0)
 parser.add_argument("--model", default="ctc", choices=("ctc", "linear", "conformer"))
 parser.add_argument("--activation_checkpointing", action="store_true", help="--model conformer: checkpoint its layers")
 parser.add_argument("--record_bound", action="store_true")
+parser.add_argument("--fsdp_sharding_strategy", default=None, choices=("zero2", "zero3"))
+parser.add_argument("--fsdp_cpu_offload", action="store_true")
+parser.add_argument("--fsdp_state_dict_type", default=None, choices=("full", "sharded"))
+parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+parser.add_argument("--cv", type=int, nargs=2, default=None, help="CV batches of each rank after training")
 args = parser.parse_args()
 
 UNIT_ROUNDOFF = 2.0 ** -24  # float32
@@ -136,8 +148,14 @@ utts = utterances()
 offset = 40 * ctx.rank
 mine = [make_batch([utts[(offset + i * args.batch_size + j) % len(utts)] for j in range(args.batch_size)])
         for i in range(args.skip, args.batches[ctx.rank])]
+fsdp_conf = {"fsdp_sharding_strategy": args.fsdp_sharding_strategy} if args.fsdp_sharding_strategy else {}
+if args.fsdp_cpu_offload:
+    fsdp_conf["fsdp_cpu_offload"] = True
+if args.fsdp_state_dict_type:
+    fsdp_conf["fsdp_state_dict_type"] = args.fsdp_state_dict_type
 train_conf = resolve_train_conf({"log_interval": 1, "grad_clip": args.grad_clip, "accum_grad": args.accum_grad,
-                                 "join_mode": args.join_mode, "join_timeout_s": args.join_timeout_s})
+                                 "join_mode": args.join_mode, "join_timeout_s": args.join_timeout_s,
+                                 "dtype": args.dtype, **fsdp_conf})
 ds_config = os.path.join(args.out_dir, "ds_config.json")
 if ctx.is_main:
     with open(ds_config, "w") as f:
@@ -181,6 +199,14 @@ if args.resume:
             f.write(str(e))
         destroy_distributed()
         sys.exit(3)
+
+
+def full_params() -> dict[str, list[float]]:
+    """The whole model's weights (collective under torch_fsdp: each sharded one is gathered from every rank)."""
+    return {key: (value.full_tensor() if isinstance(value, DTensor) else value).float().flatten().tolist()
+            for key, value in engine.module.state_dict().items()}
+
+
 join = init_join(ctx, train_conf.join_mode, train_conf.join_timeout_s)
 executor = executor_for(engine, join, train_conf, args.out_dir)
 progress = executor.progress
@@ -190,14 +216,18 @@ first = executor.running.stats  # this rank's own statistics
 dropped = join.report.dropped
 if args.save:
     engine.save(args.save, {"epoch": 0, "step": progress.step, "tag": "test"})
-    report["params_at_save"] = {k: v.float().flatten().tolist() for k, v in engine.module.state_dict().items()}
+    report["params_at_save"] = full_params()
 executor.train(mine[split:])
 second = executor.running.stats
 report.update({"steps": progress.step, "dropped": dropped + join.report.dropped,
                "dropped_utts": first.dropped_utts + second.dropped_utts,
                "local_utts": first.num_utts + second.num_utts, "losses": model.losses,
                "step_s": [b - a for a, b in zip(model.times, model.times[1:])], "lr": engine.lr,
-               "params": {k: v.float().flatten().tolist() for k, v in engine.module.state_dict().items()}})
+               "params": full_params(), "param_dtypes": sorted({str(p.dtype) for p in engine.module.parameters()})})
+if args.cv:
+    cv = executor.cv([make_batch([utts[(20 * ctx.rank + args.batch_size * i + j) % len(utts)]
+                                  for j in range(args.batch_size)]) for i in range(args.cv[ctx.rank])])
+    report.update({"cv_loss": cv.loss, "cv_utts": cv.num_utts})
 if bound is not None:
     report["bound"] = bound.report()
     report["moved"] = max(float((p.detach().double() - p0).abs().max()) for p, p0 in zip(model.parameters(), initial))

@@ -1,7 +1,7 @@
 """One rank of the non-finite comparison: trains TinyCTC on real tiny_fsdd batches through the executor with either
 engine, with one batch whose loss is NaN and one whose backward overflows, and writes a JSON report.
 
-    worker_non_finite.py OUT_DIR [--engine deepspeed --stage 2] [--accum_grad 2]
+    worker_non_finite.py OUT_DIR [--engine deepspeed --stage 2 | --engine torch_fsdp] [--accum_grad 2]
         [--nan RANK:BATCH] [--overflow RANK:BATCH]
 
 ``--nan``: that rank's batch gets NaN features (its loss is NaN). ``--overflow``: that rank's batch has a finite loss
@@ -15,6 +15,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from toolkit.distributed.context import destroy_distributed, init_distributed
 from toolkit.distributed.join import init_join
@@ -95,7 +96,8 @@ report = {"rank": ctx.rank, "steps": progress.step, "skipped_steps": stats.skipp
           "skipped": dict(stats.skipped), "num_utts": stats.num_utts, "loss_sum": stats.loss_sum,
           "lr": engine.lr, "scheduler_steps": scheduler.last_epoch, "adam_steps": adam_steps,
           "losses": model.losses,
-          "params": {k: v.float().flatten().tolist() for k, v in engine.module.state_dict().items()}}
+          "params": {k: (v.full_tensor() if isinstance(v, DTensor) else v).float().flatten().tolist()
+                     for k, v in engine.module.state_dict().items()}}
 write_rank_report(args.out_dir, ctx.rank, report)
 join.close()
 destroy_distributed()

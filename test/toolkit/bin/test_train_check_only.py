@@ -43,6 +43,22 @@ def test_it_prints_max_epoch_gpus_and_whether_a_mode_uses_the_lm(tmp_path, capsy
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is valid with a GPU")),
     (["--config", CONF, "--train_engine", "deepspeed", "--deepspeed_config", "none.json"],
      "--deepspeed_config none.json: file not found"),
+    # issue 48: FSDP options with another engine, and what torch_fsdp cannot run
+    (["--config", CONF, "--override_config", "train_conf.fsdp_sharding_strategy zero3"],
+     "train_conf.fsdp_sharding_strategy is a --train_engine torch_fsdp option (got --train_engine torch_ddp); "
+     "remove it"),
+    (["--config", CONF, "--train_engine", "deepspeed", "--deepspeed_config", "conf/ds_stage2.json",
+      "--override_config", "train_conf.fsdp_cpu_offload false"],
+     "train_conf.fsdp_cpu_offload is a --train_engine torch_fsdp option (got --train_engine deepspeed); remove it"),
+    (["--config", CONF, "--override_config", "train_conf.fsdp_sharding_strategy zero1"],
+     "--config/--override_config: train_conf.fsdp_sharding_strategy: 'zero1' is not one of ['zero2', 'zero3']"),
+    (["--config", CONF, "--train_engine", "torch_fsdp", "--override_config", "train_conf.dtype fp16"],
+     "train_conf.dtype fp16 is not supported with --train_engine torch_fsdp; use bf16"),
+    (["--config", CONF, "--train_engine", "torch_fsdp", "--override_config", "train_conf.compile true"],
+     "train_conf.compile true is not supported with --train_engine torch_fsdp"),
+    (["--config", CONF, "--train_engine", "torch_fsdp", "--override_config", "train_conf.accum_grad 2",
+      "--override_config", "train_conf.join_mode monitored_barrier"],
+     "train_conf.accum_grad 2 with --train_engine torch_fsdp needs train_conf.join_mode flag"),
 ])
 def test_an_error_is_one_line_and_exit_status_1(args, message):
     with pytest.raises(SystemExit) as stop:
