@@ -5,26 +5,14 @@ import os
 
 from toolkit.utils.checkpoint import MODEL_KEY, load_checkpoint
 
-from test.helpers import read_rank_reports
-
-from .workers.launch import WORKERS, run_ranks
+from .workers.launch import train_engine_ranks
 from .workers.tiny_ctc import TinyCTC, assert_within_rounding
-
-WORKER = str(WORKERS / "worker_engine.py")
-
-
-def train(out_dir, *args, timeout=240):
-    """Run the worker on 2 ranks; returns both ranks' reports."""
-    os.makedirs(out_dir, exist_ok=True)
-    proc = run_ranks(WORKER, str(out_dir), *args, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return read_rank_reports(out_dir, 2)
 
 
 def test_zero0_fp32_matches_torch_ddp_for_10_steps(tmp_path):
     linear_sgd = ("--model", "linear", "--optim", "sgd")
-    ddp = train(tmp_path / "ddp", "10", "10", *linear_sgd, "--record_bound")
-    ds = train(tmp_path / "ds0", "10", "10", *linear_sgd, "--engine", "deepspeed", "--stage", "0")
+    ddp = train_engine_ranks(tmp_path / "ddp", "10", "10", *linear_sgd, "--record_bound")
+    ds = train_engine_ranks(tmp_path / "ds0", "10", "10", *linear_sgd, "--engine", "deepspeed", "--stage", "0")
     for rank in range(2):
         assert ddp[rank]["steps"] == ds[rank]["steps"] == 10
         assert len(ds[rank]["losses"]) == 10
@@ -37,7 +25,7 @@ def test_zero0_fp32_matches_torch_ddp_for_10_steps(tmp_path):
 
 def test_uneven_data_finishes_with_the_same_step_count_and_drops_shards(tmp_path):
     path = str(tmp_path / "epoch_0.pt")
-    r0, r1 = train(tmp_path, "5", "3", "--engine", "deepspeed", "--stage", "1", "--save", path, "--drop_shards")
+    r0, r1 = train_engine_ranks(tmp_path, "5", "3", "--engine", "deepspeed", "--stage", "1", "--save", path, "--drop_shards")
     assert r0["steps"] == r1["steps"] == 3
     assert (r0["dropped"], r1["dropped"]) == (2, 0)
     assert r0["params"] == r1["params"]

@@ -14,7 +14,7 @@ from toolkit.utils.checkpoint import MODEL_KEY, OPTIMIZER_KEY, load_checkpoint
 
 from test.helpers import read_rank_reports
 
-from .workers.launch import WORKERS, run_ranks
+from .workers.launch import WORKERS, run_ranks, train_engine_ranks
 from .workers.recipe_data import assert_same_epoch_1, uninterrupted_and_resumed
 from .workers.tiny_ctc import assert_within_rounding
 
@@ -22,20 +22,13 @@ WORKER = str(WORKERS / "worker_engine.py")
 FSDP = ("--engine", "torch_fsdp")
 
 
-def train(out_dir, *args, timeout=240):
-    """Run the worker on 2 ranks; returns both ranks' reports."""
-    os.makedirs(out_dir, exist_ok=True)
-    proc = run_ranks(WORKER, str(out_dir), *args, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return read_rank_reports(out_dir, 2)
-
 
 def test_fsdp_matches_torch_ddp_within_the_rounding_bound(tmp_path):
     # 10 micro-batches per rank, accum_grad 2 (5 steps), the linear score and SGD: a gradient summed wrongly or
     # scaled by another factor (world size, accumulation, clipping) would show in full
     linear_sgd = ("--model", "linear", "--optim", "sgd", "--accum_grad", "2")
-    ddp = train(tmp_path / "ddp", "10", "10", *linear_sgd, "--record_bound")
-    fsdp = train(tmp_path / "fsdp", "10", "10", *linear_sgd, *FSDP, "--fsdp_sharding_strategy", "zero3")
+    ddp = train_engine_ranks(tmp_path / "ddp", "10", "10", *linear_sgd, "--record_bound")
+    fsdp = train_engine_ranks(tmp_path / "fsdp", "10", "10", *linear_sgd, *FSDP, "--fsdp_sharding_strategy", "zero3")
     for rank in range(2):
         assert ddp[rank]["steps"] == fsdp[rank]["steps"] == 5
         assert fsdp[rank]["losses"][0] == ddp[rank]["losses"][0]
@@ -48,7 +41,7 @@ def test_fsdp_matches_torch_ddp_within_the_rounding_bound(tmp_path):
 def conformer_ddp(tmp_path_factory):
     """torch_ddp on the tiny conformer: 8 micro-batches per rank with accum_grad 3 (steps after 3, 6 and the epoch's
     last 2), Adam, then CV on 3 batches of rank 0 and none of rank 1."""
-    return train(tmp_path_factory.mktemp("ddp"), "8", "8", "--model", "conformer", "--accum_grad", "3",
+    return train_engine_ranks(tmp_path_factory.mktemp("ddp"), "8", "8", "--model", "conformer", "--accum_grad", "3",
                  "--cv", "3", "0")
 
 
@@ -56,7 +49,7 @@ def conformer_ddp(tmp_path_factory):
                                      ("--fsdp_sharding_strategy", "zero3", "--activation_checkpointing")],
                          ids=["zero2", "zero3", "zero3-activation-checkpointing"])
 def test_sharded_conformer_blocks_train_as_torch_ddp(conformer_ddp, tmp_path, options):
-    fsdp = train(tmp_path, "8", "8", "--model", "conformer", "--accum_grad", "3", "--cv", "3", "0", *FSDP, *options)
+    fsdp = train_engine_ranks(tmp_path, "8", "8", "--model", "conformer", "--accum_grad", "3", "--cv", "3", "0", *FSDP, *options)
     ddp = conformer_ddp
     for rank in range(2):
         assert fsdp[rank]["steps"] == ddp[rank]["steps"] == 3
@@ -72,7 +65,7 @@ def test_sharded_conformer_blocks_train_as_torch_ddp(conformer_ddp, tmp_path, op
 
 def test_uneven_data_finishes_with_the_same_step_count(tmp_path):
     # rank 0 has 5 batches, rank 1 has 3: the join stops both after 3 (FSDP's all-gathers need every rank)
-    r0, r1 = train(tmp_path, "5", "3", "--model", "conformer", *FSDP, "--fsdp_sharding_strategy", "zero3")
+    r0, r1 = train_engine_ranks(tmp_path, "5", "3", "--model", "conformer", *FSDP, "--fsdp_sharding_strategy", "zero3")
     assert r0["steps"] == r1["steps"] == 3
     assert (r0["dropped"], r1["dropped"]) == (2, 0)
     assert r0["params"] == r1["params"]
@@ -82,8 +75,8 @@ def test_bf16_parameters_with_cpu_offload_train_as_torch_ddp_under_autocast(tmp_
     # bf16 here gathers bf16 weights (and autocasts), torch_ddp autocasts fp32 weights: the same model in another
     # rounding; measured 2026-12-07: losses within 0.09 %, CV loss within 0.03 %
     conformer_bf16 = ("8", "8", "--model", "conformer", "--accum_grad", "3", "--cv", "3", "0", "--dtype", "bf16")
-    ddp = train(tmp_path / "ddp", *conformer_bf16)
-    fsdp = train(tmp_path / "fsdp", *conformer_bf16, *FSDP, "--fsdp_cpu_offload")
+    ddp = train_engine_ranks(tmp_path / "ddp", *conformer_bf16)
+    fsdp = train_engine_ranks(tmp_path / "fsdp", *conformer_bf16, *FSDP, "--fsdp_cpu_offload")
     for rank in range(2):
         assert fsdp[rank]["steps"] == 3
         assert fsdp[rank]["losses"] == pytest.approx(ddp[rank]["losses"], rel=3e-3)
@@ -97,14 +90,14 @@ def fsdp_saved(tmp_path_factory):
     """torch_fsdp (zero3) on TinyCTC: 5 steps, the checkpoint saved after step 3 (the uninterrupted run)."""
     base = tmp_path_factory.mktemp("fsdp_saved")
     path = str(base / "epoch_0.pt")
-    full = train(base, "5", "5", *FSDP, "--fsdp_sharding_strategy", "zero3", "--save", path, "--save_after", "3")
+    full = train_engine_ranks(base, "5", "5", *FSDP, "--fsdp_sharding_strategy", "zero3", "--save", path, "--save_after", "3")
     return path, full
 
 
 @pytest.mark.parametrize("engine", ["torch_fsdp", "torch_ddp"])
 def test_fsdp_checkpoint_resumes_in_either_engine(fsdp_saved, tmp_path, engine):
     path, full = fsdp_saved
-    resumed = train(tmp_path, "5", "5", "--engine", engine, "--skip", "3", "--resume", path)
+    resumed = train_engine_ranks(tmp_path, "5", "5", "--engine", engine, "--skip", "3", "--resume", path)
     for rank in range(2):
         assert resumed[rank]["steps"] == 2
         # the model, Adam's moments and the LR schedule restored: the next two steps are the full run's (the
@@ -140,7 +133,7 @@ def fsdp_sharded(tmp_path_factory):
     """As :func:`fsdp_saved` with ``fsdp_state_dict_type: sharded`` (the optimizer state only in ``epoch_0/``)."""
     base = tmp_path_factory.mktemp("fsdp_sharded")
     path = str(base / "epoch_0.pt")
-    full = train(base, "5", "5", *FSDP, "--fsdp_sharding_strategy", "zero3", "--fsdp_state_dict_type", "sharded",
+    full = train_engine_ranks(base, "5", "5", *FSDP, "--fsdp_sharding_strategy", "zero3", "--fsdp_state_dict_type", "sharded",
                  "--save", path, "--save_after", "3")
     return path, full
 
@@ -199,8 +192,8 @@ def test_a_sharded_checkpoint_without_its_shards_is_refused(fsdp_sharded, tmp_pa
 
 def test_ddp_checkpoint_resumes_in_fsdp(tmp_path):
     path = str(tmp_path / "ddp" / "epoch_0.pt")
-    full = train(tmp_path / "ddp", "5", "5", "--save", path, "--save_after", "3")
-    resumed = train(tmp_path / "fsdp", "5", "5", *FSDP, "--skip", "3", "--resume", path)
+    full = train_engine_ranks(tmp_path / "ddp", "5", "5", "--save", path, "--save_after", "3")
+    resumed = train_engine_ranks(tmp_path / "fsdp", "5", "5", *FSDP, "--skip", "3", "--resume", path)
     for rank in range(2):
         assert resumed[rank]["losses"] == pytest.approx(full[rank]["losses"][3:], rel=1e-6)
         assert resumed[rank]["lr"] == full[rank]["lr"]
