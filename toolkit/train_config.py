@@ -14,9 +14,10 @@ as ``input_dim``/``output_dim`` so that a decoder can check the features and the
 trained model.
 
 The files a model needs besides its weights (:data:`MODEL_FILES`: symbol table, BPE model, CMVN stats) travel with
-the model dir: the trainer copies them there under fixed names and its ``train.yaml`` names them relative to the
-model dir (:func:`save_model_dir_config`); a decoder resolves them against the dir that holds the ``train.yaml``
-(:func:`resolve_model_files`), so a model dir copied anywhere still decodes.
+the model dir: the trainer copies them there under fixed names and its ``train.yaml`` names those copies by their
+absolute paths (:func:`save_model_dir_config`); a decoder takes the file of that name in the dir that holds the
+``train.yaml`` first (:func:`resolve_model_files`), so a model dir copied anywhere decodes with its own files, and a
+``train.yaml`` copied out of its model dir (to edit it) still finds them.
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ class Config:
 
 
 def read_config(path: str, overrides: list[str] = ()) -> Config:
-    """Read ``path``, apply the ``--override_config`` items, and resolve every section once; a relative path of
-    :data:`MODEL_FILES` names the file in ``path``'s directory when there is one (a model dir's train.yaml), else
-    is kept, relative to the current directory (:func:`resolve_model_files`).
+    """Read ``path``, apply the ``--override_config`` items, and resolve every section once; the paths of
+    :data:`MODEL_FILES` name the files of ``path``'s directory when it holds them (a model dir's train.yaml), else
+    they are kept as written (:func:`resolve_model_files`).
 
     Every key of :class:`Config` and of the typed sections can be overridden even when the YAML leaves it out; a
     mapping value is merged into the section it replaces (see :func:`toolkit.utils.config_parsing.apply_overrides`).
@@ -111,7 +112,7 @@ def model_files(config: Config) -> dict[tuple[str, str], str]:
 
 def save_model_dir_config(config: Config, model_dir: str) -> None:
     """Copy the config's :data:`MODEL_FILES` into ``model_dir`` (each atomically, under its fixed name) and write
-    ``model_dir/train.yaml`` naming those copies relative to ``model_dir``: the dir then holds everything inference
+    ``model_dir/train.yaml`` naming those copies by their absolute paths: the dir then holds everything inference
     needs besides the decoding settings (``decode.yaml``, written by the recipe).
 
     Raises:
@@ -126,19 +127,28 @@ def save_model_dir_config(config: Config, model_dir: str) -> None:
         if not (os.path.exists(target) and os.path.samefile(source, target)):
             with open(source, "rb") as src:
                 atomic_write(target, lambda f: shutil.copyfileobj(src, f))
-        saved[section][key] = name
+        saved[section][key] = os.path.abspath(target)
     save_config(saved, os.path.join(model_dir, "train.yaml"))
 
 
-def resolve_model_files(config: Config, model_dir: str) -> Config:
-    """``config`` (read from a file in ``model_dir``) with each relative path of :data:`MODEL_FILES` made the file in
-    ``model_dir`` when it is there or nowhere else. A path that is not in ``model_dir`` but exists from the current
-    directory is kept as it is: a recipe's ``conf/*.yaml`` with paths overridden relative to the recipe dir, or a
-    train.yaml written before model dirs held their files."""
+def resolve_model_files(config: Config, config_dir: str) -> Config:
+    """``config`` (read from a file in ``config_dir``) with each path of :data:`MODEL_FILES` resolved:
+
+    - an absolute path with the file's fixed name (``/old/exp/units.txt``, as :func:`save_model_dir_config` writes it) names
+      the file of that name in ``config_dir`` when there is one (a model dir copied elsewhere decodes with its own
+      files), else the path itself when it exists (a train.yaml copied out of its model dir), else the file in
+      ``config_dir`` (so that the error names where the model dir lacks it);
+    - another relative path names the file in ``config_dir`` when it is there or nowhere else; one that exists from
+      the current directory is kept (a recipe's ``conf/*.yaml`` with paths relative to the recipe dir, or a
+      train.yaml written before model dirs held their files).
+    """
     resolved = copy.deepcopy(config)
     for (section, key), path in model_files(config).items():
         conf = getattr(resolved, section)
-        if not os.path.isabs(path):
-            inside = os.path.join(model_dir, path)
+        if os.path.isabs(path) and os.path.basename(path) == MODEL_FILES[section, key]:
+            inside = os.path.join(config_dir, MODEL_FILES[section, key])
+            conf[key] = path if os.path.exists(path) and not os.path.exists(inside) else inside
+        elif not os.path.isabs(path):
+            inside = os.path.join(config_dir, path)
             conf[key] = inside if os.path.exists(inside) or not os.path.exists(path) else path
     return resolved

@@ -27,8 +27,8 @@ MODES = ("ctc_greedy_search", "attention_rescoring")  # the fixture's --decode_m
 def test_the_model_dir_holds_what_decoding_reads(fsdd_recipe):
     exp = fsdd_recipe.exp
     saved = yaml.safe_load((exp / "train.yaml").read_text())
-    assert saved["tokenizer_conf"] == {"symbol_table_path": "units.txt"}
-    assert saved["cmvn_conf"] == {"cmvn_file": "global_cmvn"}
+    assert saved["tokenizer_conf"] == {"symbol_table_path": str(exp / "units.txt")}
+    assert saved["cmvn_conf"] == {"cmvn_file": str(exp / "global_cmvn")}
     assert (exp / "units.txt").read_bytes() == (fsdd_recipe.data / "dict" / "units.txt").read_bytes()
     assert (exp / "global_cmvn").read_bytes() == (fsdd_recipe.data / "train" / "global_cmvn").read_bytes()
     decode = yaml.safe_load((exp / "decode.yaml").read_text())

@@ -82,14 +82,15 @@ def test_a_fresh_run_into_a_dir_holding_a_run_is_refused_until_start_over_moves_
 
     proc = run(fresh + ["--start_over"])
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert f"--model_dir {exp2}: moved epoch_0.pt, epoch_0.yaml, init.pt, init.yaml, ... (6 files) (--start_over) " \
+    assert f"--model_dir {exp2}: moved epoch_0.pt, epoch_0.yaml, global_cmvn, init.pt, ... (8 files) (--start_over) " \
            f"to {exp2}/previous_runs/1" in proc.stderr
     after = snapshot(exp2)
     assert {name[len("previous_runs/1/"):]: md5 for name, md5 in after.items()
             if name.startswith("previous_runs/1/")} == before  # run A whole, its tensorboard folder included
     top = {name for name in after if "/" not in name}
-    assert top == {"epoch_0.pt", "epoch_0.yaml", "init.pt", "init.yaml", "train.yaml"}
-    assert all(after[name] != before[name] for name in top - {"init.yaml"})  # run B's (init.yaml: the same text)
+    assert top == {"epoch_0.pt", "epoch_0.yaml", "init.pt", "init.yaml", "train.yaml", "units.txt", "global_cmvn"}
+    # run B's (init.yaml, and the symbol table and CMVN of the same data: the same bytes)
+    assert all(after[name] != before[name] for name in top - {"init.yaml", "units.txt", "global_cmvn"})
     assert yaml.safe_load(open(exp2 / "train.yaml"))["optim_conf"]["lr"] == 0.0005
 
 
@@ -110,4 +111,5 @@ def test_of_two_jobs_started_at_once_on_one_dir_one_trains_and_the_other_stops_i
     assert yaml.safe_load(open(exp3 / "train.yaml"))["optim_conf"]["lr"] == winner[1]
     cv_loss = yaml.safe_load(open(exp3 / "epoch_0.yaml"))["cv_loss"]
     assert f"cv_loss {cv_loss:.3f}" in winner[0]
-    assert sorted(os.listdir(exp3)) == ["epoch_0.pt", "epoch_0.yaml", "init.pt", "init.yaml", "tb", "train.yaml"]
+    assert sorted(os.listdir(exp3)) == ["epoch_0.pt", "epoch_0.yaml", "global_cmvn", "init.pt", "init.yaml", "tb",
+                                        "train.yaml", "units.txt"]

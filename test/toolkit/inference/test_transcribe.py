@@ -43,8 +43,8 @@ def model_dir(tmp_path_factory):
 
 def test_the_model_dir_holds_the_files_train_yaml_names(model_dir):
     saved = yaml.safe_load((model_dir / "train.yaml").read_text())
-    assert saved["tokenizer_conf"] == {"symbol_table_path": "units.txt"}
-    assert saved["cmvn_conf"] == {"cmvn_file": "global_cmvn"}
+    assert saved["tokenizer_conf"] == {"symbol_table_path": str(model_dir / "units.txt")}
+    assert saved["cmvn_conf"] == {"cmvn_file": str(model_dir / "global_cmvn")}
     assert (model_dir / "units.txt").read_bytes() == (model_dir.parent / "units.txt").read_bytes()
     assert (model_dir / "global_cmvn").read_bytes() == (model_dir.parent / "cmvn").read_bytes()
 
@@ -60,6 +60,22 @@ def test_paths_resolve_in_the_model_dir_and_an_older_train_yaml_from_the_recipe_
     shutil.copy(model_dir / "units.txt", tmp_path / "data" / "dict" / "units.txt")
     older = read_config(str(model_dir / "train.yaml"), ["tokenizer_conf.symbol_table_path data/dict/units.txt"])
     assert older.tokenizer_conf["symbol_table_path"] == "data/dict/units.txt"
+
+
+def test_a_moved_model_dir_reads_its_own_files_and_a_train_yaml_copied_out_of_it_the_model_dirs(model_dir, tmp_path):
+    # the errors-as-tracebacks case's kind: a run's train.yaml copied elsewhere (to edit it) still finds its files
+    shutil.copy(model_dir / "train.yaml", tmp_path / "edited.yaml")
+    edited = read_config(str(tmp_path / "edited.yaml"))
+    assert edited.tokenizer_conf["symbol_table_path"] == str(model_dir / "units.txt")
+    assert edited.cmvn_conf["cmvn_file"] == str(model_dir / "global_cmvn")
+    # a copy of the model dir takes its own files, not the original's
+    moved = tmp_path / "moved"
+    shutil.copytree(model_dir, moved)
+    for name in ("units.txt", "global_cmvn"):
+        (moved / name).write_bytes((model_dir / name).read_bytes() + b"\n")  # told apart from the original's
+    config = read_config(str(moved / "train.yaml"))
+    assert config.tokenizer_conf["symbol_table_path"] == str(moved / "units.txt")
+    assert config.cmvn_conf["cmvn_file"] == str(moved / "global_cmvn")
 
 
 def test_transcribe_gives_recognizes_hypotheses_with_decode_yaml(model_dir, tmp_path):
@@ -161,7 +177,10 @@ def test_a_model_dir_that_cannot_be_used_is_one_line(model_dir, tmp_path, case, 
     shutil.copytree(model_dir, d / "exp")
     (d / "empty").mkdir()
     shutil.copytree(model_dir, d / "no_units")
-    os.unlink(d / "no_units" / "units.txt")
+    os.unlink(d / "no_units" / "units.txt")  # and the train.yaml of a dir that came from elsewhere
+    saved = yaml.safe_load((d / "no_units" / "train.yaml").read_text())
+    saved["tokenizer_conf"]["symbol_table_path"] = str(d / "gone" / "units.txt")
+    (d / "no_units" / "train.yaml").write_text(yaml.safe_dump(saved))
     target = {"no_dir": d / "nowhere", "no_train_yaml": d / "empty", "no_units": d / "no_units"}.get(case, d / "exp")
     argv = ["--model_dir", str(target), *(["--streaming"] if case == "streaming" else []),
             fsdd_test_entries()[0]["wav"]]
