@@ -63,6 +63,8 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
     for name in ("onnxscript", "onnx_ir"):  # the exporter's graph passes log each rewrite at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise ConfigError(f"--out_dir {args.out_dir}: not a directory")
     # 1. the model, and whether it streams
     loaded = load_asr_model(config_path_of(args.model_dir), args.checkpoint)
     config, tokenizer, model = loaded.config, loaded.tokenizer, loaded.model
@@ -83,6 +85,8 @@ def main(argv=None) -> None:
                              args.num_left_chunks, args.int8)
     except ValueError as e:
         raise ConfigError(f"--chunk_size/--num_left_chunks: {e}") from e
+    except OSError as e:
+        raise ConfigError(f"--out_dir {args.out_dir}: {e.strerror or e}") from e
     # 4. the checks; success is reported only after all of them
     try:
         for line in check_export(model, files, feats, config.input_dim, args.chunk_size, args.num_left_chunks):

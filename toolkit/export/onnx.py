@@ -168,6 +168,11 @@ def write_tokens(tokenizer, path: str) -> None:
             f.write(f"{tokenizer.id_to_symbol[symbol_id]} {symbol_id}\n")
 
 
+# every file :func:`export_model` can write; an earlier export's are removed before a new one
+EXPORTED_FILES = ("tokens.txt", *(f"{name}{suffix}.onnx" for name in ("model", "model-streaming", "decoder")
+                                  for suffix in ("", ".int8")))
+
+
 def quantize(path: str) -> str:
     """An int8 copy of the ONNX file ``path`` (``x.onnx`` -> ``x.int8.onnx``): the MatMul weights quantized
     dynamically by onnxruntime (per tensor, signed int8); returns its path."""
@@ -181,7 +186,7 @@ def quantize(path: str) -> str:
 def export_model(model, tokenizer, input_dim: int, out_dir: str, streaming: bool, chunk_size: int = 16,
                  num_left_chunks: int = 4, int8: bool = False) -> dict[str, str]:
     """Write every file of the module docstring for ``model`` (an ASRModel in eval mode reading ``input_dim`` fbank
-    bins) into ``out_dir``;
+    bins) into ``out_dir``, after removing any of :data:`EXPORTED_FILES` an earlier export left there;
     ``{name: path}`` (names: ``model``, ``model-streaming``, ``decoder``, ``tokens`` and the ``.int8`` copies).
     The files are not checked here (:func:`toolkit.export.check.check_export`).
 
@@ -197,6 +202,11 @@ def export_model(model, tokenizer, input_dim: int, out_dir: str, streaming: bool
             raise ValueError(f"chunk_size {chunk_size} / num_left_chunks {num_left_chunks}: both >= 1 (sherpa-onnx "
                              "keeps a cache of chunk_size x num_left_chunks frames)")
     os.makedirs(out_dir, exist_ok=True)
+    stale = [name for name in EXPORTED_FILES if os.path.lexists(os.path.join(out_dir, name))]
+    if stale:  # an earlier export's files, perhaps of another model or with more of them (int8, streaming)
+        logging.warning("%s: removing the earlier export's %s", out_dir, ", ".join(stale))
+        for name in stale:
+            os.unlink(os.path.join(out_dir, name))
     files = {"tokens": os.path.join(out_dir, "tokens.txt"), "model": os.path.join(out_dir, "model.onnx"),
              "decoder": os.path.join(out_dir, "decoder.onnx")}
     write_tokens(tokenizer, files["tokens"])

@@ -5,6 +5,7 @@ at another chunk size and cache than it was traced at equals the encoder's forwa
 line; a check that fails names itself."""
 
 import os
+import shutil
 
 import numpy as np
 import onnx
@@ -16,7 +17,7 @@ from test.multiprocess.workers.recognize_setup import write_model
 from toolkit.bin import export
 from toolkit.export.check import ExportCheckError, audio_features, check_ctc, run_chunks
 from toolkit.inference.loader import config_path_of, load_asr_model
-from toolkit.export.onnx import chunk_inputs
+from toolkit.export.onnx import chunk_inputs, export_model
 from toolkit.models.transformer.search import ctc_greedy_search
 from toolkit.utils.config_parsing import ConfigError
 
@@ -107,6 +108,17 @@ def test_a_check_against_other_weights_fails_naming_the_file_and_output(exported
         check_ctc(model, str(out_dir / "model.onnx"), feats)
 
 
+def test_an_export_into_an_earlier_ones_dir_leaves_none_of_its_files(exported, tmp_path):
+    model_dir, out_dir = exported
+    again = tmp_path / "onnx"
+    shutil.copytree(out_dir, again)  # streaming and int8 files of the earlier export
+    (again / "notes.txt").write_text("mine")
+    loaded = load_asr_model(config_path_of(str(model_dir)), "init.pt")
+    files = export_model(loaded.model, loaded.tokenizer, loaded.config.input_dim, str(again), streaming=False)
+    assert sorted(os.listdir(again)) == ["decoder.onnx", "model.onnx", "notes.txt", "tokens.txt"]
+    assert sorted(os.path.basename(path) for path in files.values()) == ["decoder.onnx", "model.onnx", "tokens.txt"]
+
+
 def test_bad_input_is_one_line(tmp_path):
     write_model(tmp_path)  # full context: not trained for streaming
     model_dir = str(tmp_path / "model")
@@ -121,6 +133,8 @@ def test_bad_input_is_one_line(tmp_path):
         export.main(base[:3] + [str(tmp_path)] + base[4:])
     empty = tmp_path / "empty.wav"
     empty.write_bytes(b"")
+    with pytest.raises(ConfigError, match=f"--out_dir {empty}: not a directory"):
+        export.main(base[:-1] + [str(empty)])
     with pytest.raises(ConfigError, match=f"--check_audio check audio {empty}: "):
         export.main(base + ["--check_audio", str(empty)])
     with pytest.raises(ConfigError, match=f"--check_audio check audio {tmp_path}: "):
