@@ -69,7 +69,7 @@ def test_two_nodes_write_and_delete_each_checkpoint_once(tmp_path):
     assert deleted == Counter(f"step_{n}{ext}" for n in (2, 4, 6) for ext in (".yaml", ".pt"))
     assert sorted(os.listdir(exp)) == sorted(["epoch_0.pt", "epoch_0.yaml", "epoch_1.pt", "epoch_1.yaml",
                                               "init.pt", "init.yaml", "step_8.pt", "step_8.yaml", "tb",
-                                              "train.yaml"])
+                                              "train.yaml", "units.txt", "global_cmvn"])
     dst = str(tmp_path / "avg_2.pt")
     average_main(["--src_path", str(exp), "--num", "2", "--val_best", "--dst_model", dst])
     # The average of the two kept epochs, value for value (mean in float64, as average_model accumulates).
