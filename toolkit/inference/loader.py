@@ -84,9 +84,16 @@ def load_asr_model(config_path: str, checkpoint: str | None = None, overrides: l
             A checkpoint without its ``.yaml`` (copied alone) is loaded with one warning line.
 
     Raises:
-        ConfigError: a model file the config names is missing, the symbol table does not fit the model, the
-            checkpoint is missing, a directory, unreadable or of another model (one line naming the file).
+        ConfigError: ``device`` is not a torch device or a GPU this torch cannot use, a model file the config names
+            is missing, the symbol table does not fit the model, the checkpoint is missing, a directory, unreadable
+            or of another model (one line naming the file).
     """
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"device {device}: not a torch device ({e})") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device}: this torch sees no CUDA GPU (torch {torch.__version__}); use cpu")
     model_dir = os.path.dirname(os.path.abspath(config_path))
     config = read_config(config_path, overrides)  # the model files resolved against the model dir
     for (section, key), path in model_files(config).items():

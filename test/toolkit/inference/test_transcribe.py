@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 import yaml
 
 import toolkit
@@ -187,6 +188,14 @@ def test_a_model_dir_that_cannot_be_used_is_one_line(model_dir, tmp_path, case, 
     with pytest.raises(ConfigError) as e:
         transcribe.main(argv)
     assert str(e.value).startswith(message.format(d=d)), str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine can use --device cuda")
+def test_a_device_this_torch_cannot_use_is_one_line(model_dir):
+    for device, message in (("bogus", "device bogus: not a torch device"),
+                            ("cuda", "device cuda: this torch sees no CUDA GPU")):
+        with pytest.raises(ConfigError, match=message):
+            transcribe.main(["--model_dir", str(model_dir), "--device", device, fsdd_test_entries()[0]["wav"]])
 
 
 def test_a_streaming_model_gives_partial_results_and_the_masked_decodings_result(tmp_path, capsys):
