@@ -284,6 +284,7 @@ if (( stage <= 4 && stop_stage >= 4 )); then
 fi
 
 if (( stage <= 5 && stop_stage >= 5 )); then
+  [ -d "$dir" ] || die "--dir $dir: no such directory (stage 5 decodes the model that stage 4 trained there)"
   if [ "$average_num" -gt 0 ]; then
     decode_checkpoint=$dir/avg_${average_num}.pt
     echo "stage 5: averaging the $average_num best epochs into $decode_checkpoint"
