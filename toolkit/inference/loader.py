@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from toolkit.inference.decode_conf import DecodeConf, read_decode_conf
-from toolkit.models.registry import init_model
+from toolkit.models.registry import filled_conf, init_model
 from toolkit.text.ngram_lm import WordNgramLM
 from toolkit.text.tokenizer import check_model_fits_table, init_tokenizer
 from toolkit.train_config import Config, model_files, read_config
@@ -21,6 +21,8 @@ from toolkit.utils.checkpoint import MODEL_KEY, check_model_state, list_checkpoi
 from toolkit.utils.config_parsing import ConfigError
 
 TRAIN_YAML = "train.yaml"
+# The config's sections that decide what the weights compute (dropout aside); the loss weights of model_conf do not.
+MODEL_SECTIONS = ("encoder", "encoder_conf", "decoder", "decoder_conf", "ctc_conf", "cmvn", "input_dim", "output_dim")
 
 
 @dataclass
@@ -86,7 +88,8 @@ def load_asr_model(config_path: str, checkpoint: str | None = None, overrides: l
     Raises:
         ConfigError: ``device`` is not a torch device or a GPU this torch cannot use, a model file the config names
             is missing, the symbol table does not fit the model, the checkpoint is missing, a directory, unreadable
-            or of another model (one line naming the file).
+            or of another model (another tensor shape, or another model in the train.yaml beside it:
+            :func:`check_checkpoint_origin`), one line naming the file.
     """
     try:
         device = torch.device(device)
@@ -115,9 +118,46 @@ def load_asr_model(config_path: str, checkpoint: str | None = None, overrides: l
     saved = load_checkpoint(checkpoint, committed=False)[MODEL_KEY]
     check_model_state({key: value.shape for key, value in model.state_dict().items()}, saved,
                       f"checkpoint {checkpoint} ({config_path})")
+    check_checkpoint_origin(config, config_path, checkpoint)  # the same shapes, another model?
     model.load_state_dict(saved)
     model.to(device).eval()
     return LoadedModel(model_dir, config, tokenizer, model, checkpoint, decode_conf)
+
+
+def _model_leaves(config: Config) -> dict[str, object]:
+    """``{"encoder_conf.causal": False, ...}``: the :data:`MODEL_SECTIONS` of ``config``, the module confs with their
+    constructors' defaults filled in (:func:`toolkit.models.registry.filled_conf`), as dotted keys, dropout rates
+    left out."""
+    leaves = {}
+    for section in MODEL_SECTIONS:
+        value = getattr(config, section)
+        if section.endswith("_conf"):
+            value = filled_conf(section, getattr(config, section[:-len("_conf")], None), value)
+            leaves.update({f"{section}.{key}": inner for key, inner in value.items() if "dropout" not in key})
+        else:
+            leaves[section] = value
+    return leaves
+
+
+def check_checkpoint_origin(config: Config, config_path: str, checkpoint: str) -> None:
+    """Refuse a checkpoint trained with another model than ``config``'s when its tensors have the same shapes (a
+    causal convolution or dynamic chunks change no shape, only what the weights compute): the ``train.yaml``
+    beside ``checkpoint``, when there is one and it is not ``config_path``, must agree on every key of
+    :data:`MODEL_SECTIONS` but dropout rates.
+
+    Raises:
+        ConfigError: the two configs differ (one line: the first keys that differ, both values).
+    """
+    origin = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), TRAIN_YAML)
+    if not os.path.isfile(origin) or os.path.samefile(origin, config_path):
+        return
+    ours, theirs = _model_leaves(config), _model_leaves(read_config(origin))
+    differ = [key for key in sorted(ours.keys() | theirs.keys()) if ours.get(key) != theirs.get(key)]
+    if differ:
+        shown = ", ".join(f"{key} {theirs.get(key)!r} there, {ours.get(key)!r} in {config_path}" for key in differ[:3])
+        more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+        raise ConfigError(f"checkpoint {checkpoint} was trained with {origin}, another model: {shown}{more}; decode "
+                          f"it with its own model dir ({os.path.dirname(origin)})")
 
 
 def load_lm(tokenizer, path: str, lm_weight: float, word_bonus: float, oov_penalty: float,

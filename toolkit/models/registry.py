@@ -42,6 +42,22 @@ def _lookup(section: str, name: str, table: dict) -> type:
     return table[name]
 
 
+def filled_conf(section: str, name: str | None, conf: dict | None) -> dict:
+    """``conf`` of ``section`` (``encoder_conf``, ``decoder_conf``, ``ctc_conf``) with every constructor default of
+    its class (``name`` in :data:`ENCODERS` / :data:`DECODERS`; None for CTC) filled in: two confs build the same
+    module exactly when their filled forms are equal.
+
+    Raises:
+        ConfigError: an unknown name or key (as :func:`init_model`).
+    """
+    cls = CTC if section == "ctc_conf" else _lookup(section[:-len("_conf")], name,
+                                                    ENCODERS if section == "encoder_conf" else DECODERS)
+    given = _checked_conf(section, cls, conf)
+    defaults = {key: p.default for key, p in inspect.signature(cls).parameters.items()
+                if key not in _DERIVED_KWARGS and p.default is not inspect.Parameter.empty}
+    return {**defaults, **given}
+
+
 def init_model(conf, input_dim: int | None = None, vocab_size: int | None = None) -> ASRModel:
     """Instantiate the model described by the model sections of a training config.
 

@@ -17,6 +17,7 @@ import yaml
 
 import toolkit
 from toolkit.bin import transcribe
+from toolkit.inference.loader import load_asr_model
 from toolkit.train_config import read_config, save_model_dir_config
 from toolkit.utils.config_parsing import ConfigError
 
@@ -188,6 +189,16 @@ def test_a_model_dir_that_cannot_be_used_is_one_line(model_dir, tmp_path, case, 
     with pytest.raises(ConfigError) as e:
         transcribe.main(argv)
     assert str(e.value).startswith(message.format(d=d)), str(e.value)
+
+
+def test_a_checkpoint_of_another_model_with_the_same_shapes_is_refused(model_dir, tmp_path):
+    # causal convolution and dynamic chunks change no tensor's shape: the checkpoint's own train.yaml tells
+    write_model(tmp_path, "encoder_conf {use_dynamic_chunk: true, causal: true}")
+    streaming = str(tmp_path / "model" / "init.pt")
+    with pytest.raises(ConfigError, match=rf"checkpoint {streaming} was trained with {tmp_path}/model/train.yaml, "
+                                          r"another model: encoder_conf.causal True there, False in "):
+        load_asr_model(str(model_dir / "train.yaml"), streaming)
+    assert load_asr_model(str(tmp_path / "model" / "train.yaml"), streaming).checkpoint == streaming
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine can use --device cuda")
