@@ -138,9 +138,9 @@ def resolve_model_files(config: Config, config_dir: str) -> Config:
       the file of that name in ``config_dir`` when there is one (a model dir copied elsewhere decodes with its own
       files), else the path itself when it exists (a train.yaml copied out of its model dir), else the file in
       ``config_dir`` (so that the error names where the model dir lacks it);
-    - another relative path names the file in ``config_dir`` when it is there or nowhere else; one that exists from
-      the current directory is kept (a recipe's ``conf/*.yaml`` with paths relative to the recipe dir, or a
-      train.yaml written before model dirs held their files).
+    - another relative path names the file in ``config_dir`` when it is there, else it is kept as written, relative
+      to the current directory (a recipe's ``conf/*.yaml`` with paths relative to the recipe dir, or a train.yaml
+      written before model dirs held their files), and so is an error about it.
     """
     resolved = copy.deepcopy(config)
     for (section, key), path in model_files(config).items():
@@ -150,5 +150,5 @@ def resolve_model_files(config: Config, config_dir: str) -> Config:
             conf[key] = path if os.path.exists(path) and not os.path.exists(inside) else inside
         elif not os.path.isabs(path):
             inside = os.path.join(config_dir, path)
-            conf[key] = inside if os.path.exists(inside) or not os.path.exists(path) else path
+            conf[key] = inside if os.path.exists(inside) else path
     return resolved
