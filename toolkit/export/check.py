@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from toolkit.dataset import processor
+from toolkit.dataset.conf import PadConf
+from toolkit.dataset.pipeline import decoding_features
 from toolkit.export.graphs import CtcGraph, DecoderGraph
 from toolkit.export.onnx import chunk_inputs, decoder_inputs
 from toolkit.models.transformer.search import ctc_greedy_search
@@ -26,17 +28,16 @@ class ExportCheckError(Exception):
 
 
 def audio_features(wav: str, dataset_conf) -> torch.Tensor:
-    """float32 (T, num_mel_bins) fbank of the audio file ``wav`` as the decoding pipeline computes it (resampled to
-    ``resample_conf.resample_rate``, dither 0, no padding).
+    """float32 (T, num_mel_bins) fbank of the audio file ``wav`` as the decoding pipeline computes it
+    (:func:`toolkit.dataset.pipeline.decoding_features`: resampled, dither 0), without its padding of short clips.
 
     Raises:
         ValueError: the file is missing, unreadable or empty (the pipeline's reason and the path).
     """
     try:
         sample = processor.read_audio({"key": wav, "wav": wav})
-        sample = processor.resample(sample, dataset_conf.resample_conf.resample_rate)
-        fbank = dataclasses.asdict(dataclasses.replace(dataset_conf.fbank_conf, dither=0.0))
-        return processor.compute_fbank(sample, **fbank)["feat"]
+        unpadded = dataclasses.replace(dataset_conf, pad_conf=PadConf(min_length=0.0))
+        return decoding_features(sample, unpadded)["feat"]
     except processor.SkipSample as e:
         raise ValueError(f"check audio {wav}: {e}") from e
 
